@@ -49,13 +49,15 @@ step_venv() {
 }
 
 step_kafka() {
+  local key
   local dir="$CACHE/kafka-$KAFKA_VERSION"
-  if stamp_ok "$dir/.stamp" "$KAFKA_VERSION"; then log "kafka $KAFKA_VERSION cached"; return; fi
+  key="$KAFKA_VERSION-$(sha256sum "$ROOT/scripts/kafka/pom.xml" | cut -c1-12)"
+  if stamp_ok "$dir/.stamp" "$key"; then log "kafka $KAFKA_VERSION cached"; return; fi
   log "resolving Apache Kafka $KAFKA_VERSION jars from Maven Central"
-  mkdir -p "$dir/libs"
+  rm -rf "$dir/libs"; mkdir -p "$dir/libs"
   mvn -q -B -f "$ROOT/scripts/kafka/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
     dependency:copy-dependencies -DoutputDirectory="$dir/libs" -DincludeScope=runtime
-  echo "$KAFKA_VERSION" > "$dir/.stamp"
+  echo "$key" > "$dir/.stamp"
 }
 
 go_tool() {  # name, module@version
@@ -68,7 +70,17 @@ go_tool() {  # name, module@version
 
 step_helm() { go_tool helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; }
 step_kubeconform() { go_tool kubeconform "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"; }
-step_jaeger() { go_tool jaeger "github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_VERSION"; }
+step_jaeger() {
+  # `go install jaeger@version` refuses: Jaeger's go.mod has a replace directive (sarama).  Build it
+  # as the main module from the downloaded source instead, so the replace applies.
+  local pkg="github.com/jaegertracing/jaeger@$JAEGER_VERSION"
+  if stamp_ok "$BIN/.jaeger.stamp" "$pkg" && [[ -x "$BIN/jaeger" ]]; then log "jaeger cached"; return; fi
+  log "building Jaeger $JAEGER_VERSION all-in-one from the Go module proxy (large: ~10+ min on 2 cores)"
+  local src
+  src="$(cd "$CACHE" && GOFLAGS=-mod=mod go mod download -json "$pkg" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  (cd "$src" && go build -trimpath -o "$BIN/jaeger" ./cmd/jaeger)
+  echo "$pkg" > "$BIN/.jaeger.stamp"
+}
 
 steps=("$@")
 [[ ${#steps[@]} -gt 0 ]] || steps=(venv kafka helm kubeconform jaeger)

@@ -1,0 +1,54 @@
+"""Shared fixtures: real services started once per test session.
+
+Tiers (pytest markers, see pyproject.toml): unit, vllm, kafka, otlp, helm, slow.  CI runs them all;
+`pytest -m unit` is the fast loop.  Services come from the cached builds of scripts/setup.sh; a missing
+tool is an error with the fix in the message, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vllm_lookahead.devtools.paths import demo_model_dir
+
+# Keep vLLM quiet, small and in one process unless a test asks otherwise.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator:
+    """A real single-node Kafka 4.x broker (KRaft) on a free loopback port, for the whole session."""
+    from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker().start()
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def fresh_kafka_broker() -> Iterator:
+    """A broker of its own, for tests that kill, pause or restart it."""
+    from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker().start()
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    """The trained demo model shipped in models/demo-code-4l (see its model card)."""
+    path = demo_model_dir()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} missing: it is committed; run models/train_demo_model.py to rebuild it")
+    return path
