@@ -2,7 +2,7 @@
 # One-command environment for vllm-lookahead, idempotent, from the package registries only.
 #
 #   scripts/setup.sh            # everything: .venv, Kafka jars, helm, kubeconform, Jaeger
-#   scripts/setup.sh venv       # only some steps: venv kafka helm kubeconform jaeger
+#   scripts/setup.sh venv       # only some steps: venv kafka helm kubeconform jaeger k8s_schemas
 #
 # Tools are cached under $VLLM_LOOKAHEAD_CACHE (default ~/.cache/vllm-lookahead), outside the
 # checkout on purpose: CI runs in a fresh clone, and a cache inside the clone would rebuild Jaeger
@@ -82,7 +82,12 @@ step_jaeger() {
   echo "$pkg" > "$BIN/.jaeger.stamp"
 }
 
+step_k8s_schemas() {
+  # Kubernetes + CRD JSON schemas for offline kubeconform; the chart's own script knows what it needs.
+  bash "$ROOT/deploy/scripts/k8s-schemas.sh" "$CACHE/k8s-schemas"
+}
+
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(venv kafka helm kubeconform jaeger)
+[[ ${#steps[@]} -gt 0 ]] || steps=(venv kafka helm kubeconform jaeger k8s_schemas)
 for s in "${steps[@]}"; do "step_$s"; done
 log "done. Tools in $BIN, Kafka in $CACHE/kafka-$KAFKA_VERSION, Python in $ROOT/.venv"
