@@ -1,0 +1,220 @@
+"""Unit and property tests of the pure lookahead core (no vLLM): pool bounds, context look-up,
+config validation, the drafter's k bound, id keying, adaptive policy and the Jacobi trajectories."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.core import (
+    LookaheadConfig,
+    LookaheadConfigError,
+    LookaheadDrafter,
+    NGramPool,
+    RowStep,
+)
+from vllm_lookahead.core.context_index import ContextIndex
+from vllm_lookahead.core.simulate import simulate
+
+pytestmark = pytest.mark.unit
+
+
+# ----------------------------------------------------------------------------- toy target models
+def table_model(vocab: int, seed: int, order: int = 2):
+    """A deterministic 'model': the next token is a fixed random function of the last `order` tokens."""
+    rng = random.Random(seed)
+    table: dict[tuple[int, ...], int] = {}
+
+    def next_token(ctx) -> int:
+        key = tuple(ctx[-order:])
+        if key not in table:
+            table[key] = rng.randrange(vocab)
+        return table[key]
+
+    def verify(ctx, draft):
+        seq = list(ctx)
+        out = []
+        for t in [*draft, None]:
+            out.append(next_token(seq))
+            if t is not None:
+                seq.append(t)
+        return out
+
+    return next_token, verify
+
+
+def greedy(next_token, prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(next_token(seq))
+    return seq[len(prompt):]
+
+
+# ----------------------------------------------------------------------------- pool
+@settings(max_examples=60, deadline=None)
+@given(ngram=st.integers(2, 5), g=st.integers(1, 4), max_keys=st.integers(1, 8),
+       seq=st.lists(st.integers(0, 12), min_size=0, max_size=200))
+def test_pool_bounds_and_recency(ngram, g, max_keys, seq):
+    pool = NGramPool(ngram, g, max_keys)
+    pool.add_sequence(seq)
+    assert pool.num_keys <= max_keys
+    for key in range(13):
+        conts = pool.get(key)
+        assert len(conts) <= g
+        assert len(set(conts)) == len(conts), "no duplicate continuations per key"
+        assert all(len(c) == ngram - 1 for c in conts)
+    # the most recent n-gram of the sequence is at the front of its key's list
+    if len(seq) >= ngram:
+        last = seq[-ngram:]
+        assert pool.get(last[0])[0] == tuple(last[1:])
+
+
+def test_pool_rejects_wrong_length():
+    with pytest.raises(ValueError, match="3 tokens"):
+        NGramPool(4, 2, 10).add(1, (2, 3))
+
+
+# ----------------------------------------------------------------------------- context index
+@settings(max_examples=80, deadline=None)
+@given(seq=st.lists(st.integers(0, 5), min_size=1, max_size=120), lo=st.integers(1, 3), span=st.integers(0, 3))
+def test_context_lookup_matches_bruteforce(seq, lo, span):
+    hi = lo + span
+    idx = ContextIndex(lo, hi)
+    cut = len(seq) // 2
+    idx.extend(seq[:cut])
+    idx.extend(seq[cut:])
+    cont, n = idx.lookup(4)
+    # brute force: longest suffix length in [lo, hi] with an earlier occurrence; latest occurrence wins
+    expect, expect_n = [], 0
+    for m in range(min(hi, len(seq)), lo - 1, -1):
+        suffix = seq[len(seq) - m:]
+        ends = [i + m for i in range(len(seq) - m) if seq[i:i + m] == suffix]
+        if ends:
+            expect, expect_n = seq[max(ends):max(ends) + 4], m
+            break
+    assert (cont, n) == (expect, expect_n)
+
+
+# ----------------------------------------------------------------------------- config
+def test_config_validation_messages():
+    assert LookaheadConfig.from_dict({"W": 3, "N": 5, "G": 2}).ngram == 5
+    with pytest.raises(LookaheadConfigError, match="ngram=1 is invalid"):
+        LookaheadConfig.from_dict({"ngram": 1})
+    with pytest.raises(LookaheadConfigError, match="unknown key"):
+        LookaheadConfig.from_dict({"windw": 3})
+    with pytest.raises(LookaheadConfigError, match="expected int"):
+        LookaheadConfig.from_dict({"pool_size": "8"})
+    with pytest.raises(LookaheadConfigError, match="not both"):
+        LookaheadConfig.from_dict({"N": 3, "ngram": 3})
+    with pytest.raises(LookaheadConfigError, match="min_match"):
+        LookaheadConfig.from_dict({"min_match": 5, "max_match": 2})
+
+
+def test_config_env_fallback(monkeypatch):
+    monkeypatch.setenv("VLLM_LOOKAHEAD_CONFIG", '{"pool_size": 3}')
+    assert LookaheadConfig.from_sources(None).pool_size == 3
+    assert LookaheadConfig.from_sources({"lookahead": {"pool_size": 5}}).pool_size == 5
+    monkeypatch.setenv("VLLM_LOOKAHEAD_CONFIG", "{nope")
+    with pytest.raises(LookaheadConfigError, match="not valid JSON"):
+        LookaheadConfig.from_sources(None)
+
+
+# ----------------------------------------------------------------------------- drafter + simulation
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_simulated_output_equals_greedy_and_never_exceeds_k(seed, k):
+    next_token, verify = table_model(vocab=7, seed=seed, order=2)
+    prompt = [random.Random(seed).randrange(7) for _ in range(20)]
+    res = simulate(verify, prompt, 80, k)
+    assert res.tokens == greedy(next_token, prompt, 80)
+    assert res.steps <= 80
+    assert res.accepted <= res.drafted
+
+
+def test_lookahead_compresses_a_repetitive_model():
+    """A low-entropy model (small vocabulary, order-2 table) cycles; lookahead must find the cycle."""
+    _, verify = table_model(vocab=5, seed=1, order=2)
+    res = simulate(verify, [0, 1, 2, 3], 200, 4)
+    assert res.compression > 2.5, res
+
+
+def test_jacobi_trajectory_ngrams_are_model_consistent():
+    """Order-1 model: the next token is f(last token).  With prompt seeding off, every n-gram in the pool
+    -- from committed output or from Jacobi trajectories at rejected positions -- must follow f.  A
+    trajectory n-gram stitched from misaligned positions or iterations would break the chain."""
+    rng = random.Random(3)
+    f = [rng.randrange(40) for _ in range(40)]
+
+    def verify(ctx, draft):
+        seq = list(ctx) + list(draft)
+        return [f[t] for t in seq[len(ctx) - 1:]]
+
+    cfg = LookaheadConfig(seed_from_prompt=False, ngram=4, min_acceptance=0.0)
+    drafter = LookaheadDrafter(cfg, 5)
+    prompt = [rng.randrange(40) for _ in range(30)]
+    res = simulate(verify, prompt, 120, 5, drafter=drafter)
+    assert len(res.tokens) == 120
+    state = next(iter(drafter.states.values()))
+    checked = 0
+    for key in range(40):
+        for cont in state.pool.get(key):
+            chain = [key, *cont]
+            assert all(f[a] == b for a, b in zip(chain, chain[1:])), (key, cont)
+            checked += 1
+    assert checked > 0
+    assert state.stats.by_source, "the drafter drafted from some source"
+
+
+def test_state_keyed_by_request_id_across_reordering():
+    cfg = LookaheadConfig()
+    d = LookaheadDrafter(cfg, 3)
+    a = [1, 2, 3, 1, 2, 3, 1, 2]
+    b = [9, 8, 7, 9, 8, 7, 9, 8]
+    d.step([RowStep("a", a, len(a), [2], prompt_len=7), RowStep("b", b, len(b), [8], prompt_len=7)])
+    drafts = d.step([RowStep("b", b + [7], 9, [7]), RowStep("a", a + [3], 9, [3])])
+    assert drafts[0][:2] == [9, 8] and drafts[1][:2] == [1, 2]
+
+
+def test_finished_requests_are_pruned_and_bounded():
+    cfg = LookaheadConfig(max_dormant_requests=2)
+    d = LookaheadDrafter(cfg, 2)
+    for i in range(10):
+        d.step([RowStep(f"r{i}", [1, 2, 3], 3, [3], prompt_len=2)])
+    assert len(d.states) == 1 and len(d._dormant) <= 2
+
+
+def test_adaptive_policy_turns_off_and_probes():
+    """A model that never agrees with any draft drives the EMA down: the request stops drafting and
+    only probes every probe_interval steps."""
+    cfg = LookaheadConfig(min_acceptance=0.2, probe_interval=5)
+    d = LookaheadDrafter(cfg, 4)
+    ctx = [1, 2, 1, 2, 1, 2]
+    draft = d.step([RowStep("r", ctx, len(ctx), [2], prompt_len=5)])[0]
+    lengths = []
+    for step in range(40):
+        new = [100 + step]  # never what was drafted
+        argmax = [100 + step] * (len(draft) + 1)
+        ctx = ctx + new
+        draft = d.step([RowStep("r", ctx, len(ctx), new, len(draft), argmax)])[0]
+        lengths.append(len(draft))
+    tail = lengths[20:]
+    assert sum(1 for n in tail if n > 0) <= len(tail) // 5 + 1, lengths
+
+
+def test_batch_budget_and_busy_threshold():
+    cfg = LookaheadConfig(max_batch_draft_tokens=6, batch_size_threshold=100)
+    d = LookaheadDrafter(cfg, 4)
+    rows = [RowStep(f"r{i}", [1, 2, 1, 2, 1, 2], 6, [2], prompt_len=5) for i in range(5)]
+    drafts = d.step(rows)
+    assert sum(len(x) for x in drafts) <= 6
+    busy = LookaheadDrafter(LookaheadConfig(batch_size_threshold=2, busy_min_acceptance=0.9), 4)
+    drafts = busy.step(rows)  # initial EMA 0.5 < 0.9 and the batch is busy: nobody drafts
+    assert all(len(x) == 0 for x in drafts)
+
+
+def test_prefill_rows_get_no_draft():
+    d = LookaheadDrafter(LookaheadConfig(), 4)
+    assert d.step([RowStep("r", [1, 2, 1, 2], 4, [], prompt_len=8)]) == [[]]

@@ -1,0 +1,118 @@
+"""Lookahead configuration: one validated dataclass, built from a dict (``additional_config["lookahead"]``
+or the ``VLLM_LOOKAHEAD_CONFIG`` JSON environment variable).  Bad values raise ``LookaheadConfigError``
+naming the key, the value and the allowed range, so a typo fails at engine start, not mid-request."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+class LookaheadConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    # --- n-gram pool (LADE's G and N) ---
+    ngram: int = 4
+    """N: length of the n-grams stored in the pool (key token + N-1 continuation tokens)."""
+    pool_size: int = 8
+    """G: continuations kept per key token (LRU)."""
+    max_pool_keys: int = 32768
+    """Bound on distinct keys per request; least recently used keys are evicted beyond it."""
+    seed_from_prompt: bool = True
+    """Index the prompt's n-grams (LADE's prompt pool); output n-grams are always indexed."""
+    max_prompt_index_tokens: int = 8192
+    """Only the last this-many prompt tokens are indexed, bounding the one-off cost of a long prompt."""
+    # --- context matching (prompt lookup inside the same drafter) ---
+    min_match: int = 1
+    max_match: int = 4
+    # --- Jacobi window ---
+    window: int = 0
+    """W: Jacobi guesses carried from one verification to the next (0 = as many as k allows)."""
+    # --- adaptive policy ---
+    ema_decay: float = 0.7
+    """Weight of the past in the per-request EMA of accepted tokens per drafted token."""
+    min_acceptance: float = 0.15
+    """Below this EMA acceptance a request stops drafting, then probes every `probe_interval` steps."""
+    probe_interval: int = 8
+    max_batch_draft_tokens: int = 256
+    """Token budget for draft rows in one step across the batch; best requests get slots first."""
+    batch_size_threshold: int = 16
+    """Above this many running requests, only requests with EMA acceptance >= busy_min_acceptance draft."""
+    busy_min_acceptance: float = 0.4
+    max_dormant_requests: int = 256
+    """Per-request state kept for requests absent from the batch (preempted); LRU beyond it."""
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, key: str, rule: str) -> None:
+            if not cond:
+                raise LookaheadConfigError(f"lookahead config: {key}={getattr(self, key)!r} is invalid; {rule}")
+
+        for f in fields(self):
+            v = getattr(self, f.name)
+            expected = bool if f.type in ("bool", bool) else float if f.type in ("float", float) else int
+            ok = isinstance(v, bool) if expected is bool else (
+                isinstance(v, (int, float)) and not isinstance(v, bool) if expected is float
+                else isinstance(v, int) and not isinstance(v, bool))
+            need(ok, f.name, f"expected {expected.__name__}")
+        need(2 <= self.ngram <= 16, "ngram", "must be in 2..16")
+        need(1 <= self.pool_size <= 1024, "pool_size", "must be in 1..1024")
+        need(1 <= self.max_pool_keys <= 10_000_000, "max_pool_keys", "must be in 1..10,000,000")
+        need(self.max_prompt_index_tokens >= 0, "max_prompt_index_tokens", "must be >= 0")
+        need(1 <= self.min_match <= self.max_match, "min_match", "must be >= 1 and <= max_match")
+        need(self.max_match <= 32, "max_match", "must be <= 32")
+        need(0 <= self.window <= 64, "window", "must be in 0..64 (0 = k)")
+        need(0.0 <= self.ema_decay < 1.0, "ema_decay", "must be in [0, 1)")
+        need(0.0 <= self.min_acceptance <= 1.0, "min_acceptance", "must be in [0, 1]")
+        need(self.probe_interval >= 1, "probe_interval", "must be >= 1")
+        need(self.max_batch_draft_tokens >= 0, "max_batch_draft_tokens", "must be >= 0")
+        need(self.batch_size_threshold >= 1, "batch_size_threshold", "must be >= 1")
+        need(0.0 <= self.busy_min_acceptance <= 1.0, "busy_min_acceptance", "must be in [0, 1]")
+        need(self.max_dormant_requests >= 0, "max_dormant_requests", "must be >= 0")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> LookaheadConfig:
+        raw = dict(raw or {})
+        aliases = {"W": "window", "N": "ngram", "G": "pool_size"}
+        for short, long in aliases.items():
+            if short in raw:
+                if long in raw:
+                    raise LookaheadConfigError(f"lookahead config: give {short!r} or {long!r}, not both")
+                raw[long] = raw.pop(short)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise LookaheadConfigError(
+                f"lookahead config: unknown key(s) {unknown}; known keys: {sorted(known)} (aliases W, N, G)")
+        for f in fields(cls):  # ints given where floats are expected are fine
+            if f.name in raw and f.type in ("float", float) and isinstance(raw[f.name], int) \
+                    and not isinstance(raw[f.name], bool):
+                raw[f.name] = float(raw[f.name])
+        return cls(**raw)
+
+    @classmethod
+    def from_sources(cls, additional_config: dict[str, Any] | None) -> LookaheadConfig:
+        """``additional_config["lookahead"]`` wins; else ``$VLLM_LOOKAHEAD_CONFIG`` (JSON); else defaults."""
+        if additional_config and "lookahead" in additional_config:
+            section = additional_config["lookahead"]
+            if not isinstance(section, dict):
+                raise LookaheadConfigError('additional_config["lookahead"] must be a JSON object')
+            return cls.from_dict(section)
+        env = os.environ.get("VLLM_LOOKAHEAD_CONFIG")
+        if env:
+            try:
+                section = json.loads(env)
+            except json.JSONDecodeError as e:
+                raise LookaheadConfigError(f"VLLM_LOOKAHEAD_CONFIG is not valid JSON: {e}") from None
+            if not isinstance(section, dict):
+                raise LookaheadConfigError("VLLM_LOOKAHEAD_CONFIG must be a JSON object")
+            return cls.from_dict(section)
+        return cls()
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,39 @@
+"""Prompt-lookup over a request's committed tokens: find the most recent earlier occurrence of the
+longest suffix (``max_match`` down to ``min_match`` tokens) and return what followed it.
+
+Kept incremental (a dict per suffix length: n-gram -> end position of its latest occurrence), so each
+step costs O(new tokens x levels) instead of rescanning the whole context like a KMP search would.
+"""
+
+from __future__ import annotations
+
+
+class ContextIndex:
+    def __init__(self, min_match: int, max_match: int):
+        self.min_match = min_match
+        self.max_match = max_match
+        self.tokens: list[int] = []
+        # _last[n][ngram] = index just past the n-gram's most recent occurrence that is not the suffix
+        self._last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_match, max_match + 1)}
+        self._pending: dict[int, tuple[tuple[int, ...], int] | None] = {n: None for n in self._last}
+
+    def extend(self, new_tokens: list[int]) -> None:
+        for t in new_tokens:
+            self.tokens.append(int(t))
+            end = len(self.tokens)
+            for n, table in self._last.items():
+                # Register the previous suffix only now, so that a lookup never matches the suffix itself.
+                pending = self._pending[n]
+                if pending is not None:
+                    table[pending[0]] = pending[1]
+                if end >= n:
+                    self._pending[n] = (tuple(self.tokens[end - n : end]), end)
+
+    def lookup(self, max_tokens: int) -> tuple[list[int], int]:
+        """(continuation of up to ``max_tokens`` tokens, matched suffix length); ([], 0) if no match."""
+        toks = self.tokens
+        for n in range(min(self.max_match, len(toks)), self.min_match - 1, -1):
+            pos = self._last[n].get(tuple(toks[len(toks) - n :]))
+            if pos is not None and pos < len(toks):
+                return toks[pos : pos + max_tokens], n
+        return [], 0

@@ -1,0 +1,53 @@
+"""The n-gram pool of one request: key token -> up to G continuations of N-1 tokens, most recent first.
+
+Seeded from the prompt, the committed output and the Jacobi trajectories of verification passes
+(LADE's pool).  Memory is bounded twice: G continuations per key (LRU) and ``max_keys`` keys per
+request (LRU over keys), so a long request cannot grow without limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+
+
+class NGramPool:
+    def __init__(self, ngram: int, pool_size: int, max_keys: int):
+        self.n = ngram
+        self.g = pool_size
+        self.max_keys = max_keys
+        self._pool: OrderedDict[int, list[tuple[int, ...]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._pool.values())
+
+    @property
+    def num_keys(self) -> int:
+        return len(self._pool)
+
+    def add(self, key: int, cont: tuple[int, ...]) -> None:
+        """Insert (or refresh) a continuation of exactly N-1 tokens for ``key``."""
+        if len(cont) != self.n - 1:
+            raise ValueError(f"continuation must have {self.n - 1} tokens, got {len(cont)}")
+        entries = self._pool.get(key)
+        if entries is None:
+            entries = []
+            self._pool[key] = entries
+            if len(self._pool) > self.max_keys:
+                self._pool.popitem(last=False)
+        else:
+            self._pool.move_to_end(key)
+            with contextlib.suppress(ValueError):
+                entries.remove(cont)
+        entries.insert(0, cont)
+        del entries[self.g:]
+
+    def add_sequence(self, tokens: list[int] | tuple[int, ...], start: int = 0) -> None:
+        """Index every N-gram of ``tokens`` that ends at or after position ``start + N - 1``."""
+        n = self.n
+        for i in range(max(0, start), len(tokens) - n + 1):
+            self.add(int(tokens[i]), tuple(int(t) for t in tokens[i + 1 : i + n]))
+
+    def get(self, key: int) -> list[tuple[int, ...]]:
+        """Continuations for ``key``, most recent first (empty list if none)."""
+        return self._pool.get(key, [])
