@@ -24,6 +24,9 @@ def register() -> None:
 
     # An exception here aborts vLLM's start-up on purpose: a wrong vLLM version must not run silently.
     check_vllm_version()
+    from .compat import install_compat_patches
+
+    install_compat_patches()
     try:
         from vllm_lookahead.telemetry.frontend import install_if_configured
     except ImportError:  # telemetry half not built yet

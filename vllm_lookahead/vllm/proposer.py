@@ -19,6 +19,7 @@ id, never by row index.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,20 @@ from .runner_patch import install_runner_hook
 from .version import check_vllm_version
 
 logger = logging.getLogger("vllm_lookahead")
+
+
+class _Profile:
+    """CPU time spent in the proposer and its runner hook, per process (read by the benchmark)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+
+PROFILE = _Profile()
 
 
 class LookaheadProposer:
@@ -50,6 +65,13 @@ class LookaheadProposer:
 
     # Called by runner_patch inside GPUModelRunner._sample, before rejection sampling.
     def capture_verification(self, runner: Any, logits: Any, spec_decode_metadata: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._capture(runner, logits, spec_decode_metadata)
+        finally:
+            PROFILE.seconds += time.perf_counter() - t0
+
+    def _capture(self, runner: Any, logits: Any, spec_decode_metadata: Any) -> None:
         self._runner = runner
         if logits is None or spec_decode_metadata is None:
             self._captured = None
@@ -66,6 +88,15 @@ class LookaheadProposer:
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None, **_: Any) -> list[list[int]]:
+        t0 = time.perf_counter()
+        try:
+            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        finally:
+            PROFILE.seconds += time.perf_counter() - t0
+            PROFILE.calls += 1
+
+    def _propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                 token_ids_cpu: np.ndarray) -> list[list[int]]:
         runner = self._runner
         if runner is None:  # the runner hook never ran: draft nothing rather than guess row identities
             if not self._warned:

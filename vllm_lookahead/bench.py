@@ -1,0 +1,288 @@
+"""``vllm-lookahead bench``: none vs ngram vs lookahead (and suffix) on the same prompts, side by side.
+
+For each method and batch size: compression (generated tokens per target forward pass), acceptance
+rate and mean accepted length, tokens/s, per-token latency p50/p95, engine steps, and the fraction of
+outputs identical to ``none`` at the same batch size.  Optionally the HF full-LADE reference's
+compression on the same prompts (``--reference``).  Prints a table, writes JSON and a plot.
+
+    vllm-lookahead bench --model models/demo-code-4l --prompts open --n 200 \\
+        --methods none,ngram,lookahead --batch-sizes 1,8,32 --max-tokens 128 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vllm_lookahead.engine import DecoderSpecError, StepCounter, make_llm, parse_decoder
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vllm-lookahead bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="HF model directory (default: the bundled demo model)")
+    ap.add_argument("--prompts", default="open",
+                    help="open | copy | mixed (held-out stdlib test/ code) or a JSONL file with a 'prompt' field")
+    ap.add_argument("--n", type=int, default=64, help="number of prompts (default 64)")
+    ap.add_argument("--methods", default="none,ngram,lookahead",
+                    help="comma-separated decoder specs, e.g. none,ngram:k=4,lookahead:k=4,ngram=4")
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens when a spec omits k (default 4)")
+    ap.add_argument("--batch-sizes", default="1,8,32", help="concurrent requests per generate() call")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--compile", action="store_true", help="use torch.compile (slower start-up; default eager)")
+    ap.add_argument("--reference", type=int, default=0, metavar="N",
+                    help="also run the HF full-LADE reference on the first N prompts (0 = off)")
+    ap.add_argument("--reference-config", default="5,4,5", help="W,N,G for the reference (default 5,4,5)")
+    ap.add_argument("--json", type=Path, default=None, help="write results JSON here")
+    ap.add_argument("--plot", type=Path, default=None, help="write a PNG plot here (default: next to --json)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def load_prompts(arg: str, n: int, seed: int) -> list[str]:
+    from vllm_lookahead.prompts import load_heldout_prompts, read_prompts_jsonl
+
+    if arg in ("open", "copy", "mixed"):
+        return load_heldout_prompts(n, arg, seed=seed)
+    prompts = read_prompts_jsonl(arg)
+    return prompts[:n]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list[int], args) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    from vllm_lookahead.vllm import proposer as proposer_mod
+
+    spec = parse_decoder(spec_text, args.k)
+    tok_limit = args.max_tokens
+    llm = make_llm(model, spec, dtype=args.dtype, max_num_seqs=max(batch_sizes), seed=args.seed,
+                   enforce_eager=not args.compile, max_model_len=2048)
+    tokenizer = llm.get_tokenizer()
+    max_prompt = 2048 - tok_limit - (spec.k or 0) - 8
+    prompts = [p for p in prompts if len(tokenizer.encode(p)) <= max_prompt]
+    sp = SamplingParams(temperature=0.0, max_tokens=tok_limit)
+    results: dict[str, Any] = {"method": spec.label, "by_batch_size": {}}
+    llm.generate(prompts[:2], sp, use_tqdm=False)  # warm-up (first-call allocations)
+    for bs in batch_sizes:
+        proposer_mod.PROFILE.reset()
+        outs = []
+        with StepCounter() as counter:
+            t0 = time.perf_counter()
+            for i in range(0, len(prompts), bs):
+                outs.extend(llm.generate(prompts[i : i + bs], sp, use_tqdm=False))
+            wall = time.perf_counter() - t0
+        token_ids = [list(o.outputs[0].token_ids) for o in outs]
+        n_tokens = sum(map(len, token_ids))
+        drafted = accepted = spec_steps = 0
+        tpot = []
+        for o in outs:
+            m = o.outputs[0].spec_decode_metrics
+            if m is not None:
+                d = m.to_dict()
+                drafted += d["num_draft_tokens"]
+                accepted += d["num_accepted_draft_tokens"]
+                spec_steps += d["num_spec_steps"]
+            st = o.metrics
+            n = len(o.outputs[0].token_ids)
+            if st is not None and n > 1 and st.last_token_ts > st.first_token_ts > 0:
+                tpot.append((st.last_token_ts - st.first_token_ts) / (n - 1))
+        prof = proposer_mod.PROFILE
+        results["by_batch_size"][str(bs)] = {
+            "requests": len(outs), "generated_tokens": n_tokens, "wall_s": wall,
+            "tokens_per_s": n_tokens / wall, "engine_steps": counter.steps,
+            "step_time_ms_mean": 1000 * counter.seconds / max(counter.steps, 1),
+            # per-request decoding steps: each request's tokens / the forward passes it took part in
+            "compression": _compression(outs),
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_accepted_length": (1 + accepted / spec_steps) if spec_steps else None,
+            "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "tpot_ms_p50": _ms(percentile(tpot, 50)), "tpot_ms_p95": _ms(percentile(tpot, 95)),
+            "proposer_cpu_ms_total": 1000 * prof.seconds, "proposer_calls": prof.calls,
+            "proposer_share_of_step_time": prof.seconds / counter.seconds if counter.seconds else None,
+            "token_ids": token_ids,
+        }
+    del llm
+    gc.collect()
+    return results
+
+
+def run_isolated(fn, *args):
+    """Run ``fn(*args)`` in a fresh spawned process.  Why: several vLLM 0.32 engines in one process
+    break once numba is imported (the ngram proposer imports it; vLLM's Triton-override scan then trips
+    over llvmlite objects), and a fresh process also returns all engine memory."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else 1000 * x
+
+
+def _compression(outs) -> float:
+    """Generated tokens per target forward pass, per request (prefill counts as one pass), averaged
+    over tokens.  Steps = 1 + spec steps + plain steps; plain steps commit exactly one token each."""
+    tokens = steps = 0
+    for o in outs:
+        n = len(o.outputs[0].token_ids)
+        m = o.outputs[0].spec_decode_metrics
+        if m is None:
+            tokens += n
+            steps += n
+            continue
+        d = m.to_dict()
+        spec_tokens = d["num_spec_steps"] + d["num_accepted_draft_tokens"]
+        plain = max(n - 1 - spec_tokens, 0)
+        tokens += n
+        steps += 1 + d["num_spec_steps"] + plain
+    return tokens / steps if steps else 0.0
+
+
+def reference_compression(model: str, prompts: list[str], args) -> dict[str, Any] | None:
+    try:
+        from vllm_lookahead.reference import lade_generate, load_model
+    except ImportError as e:
+        print(f"[bench] reference decoder unavailable: {e}", file=sys.stderr)
+        return None
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    w, n, g = (int(x) for x in args.reference_config.split(","))
+    tok = AutoTokenizer.from_pretrained(model)
+    hf = load_model(model, dtype="float32")
+    tokens = steps = 0
+    for p in tqdm(prompts, desc=f"HF LADE W={w} N={n} G={g}", unit="prompt"):
+        ids = tok(p).input_ids
+        r = lade_generate(hf, ids, args.max_tokens, window=w, ngram=n, pool_size=g, eos_token_id=tok.eos_token_id)
+        tokens += len(r.tokens)
+        steps += r.steps + 1  # + the prefill pass, as counted for vLLM
+    return {"W": w, "N": n, "G": g, "prompts": len(prompts), "compression": tokens / steps if steps else None}
+
+
+def print_table(results: list[dict[str, Any]], reference: dict[str, Any] | None) -> None:
+    hdr = f"{'method':<28}{'batch':>6}{'compr. (tok/step)':>19}{'accept':>8}{'mean acc. len':>14}" \
+          f"{'tok/s':>9}{'TPOT p50 ms':>12}{'p95 ms':>8}{'steps':>7}{'exact vs none':>15}{'proposer % step':>16}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in results:
+        for bs, m in r["by_batch_size"].items():
+            def f(x, fmt):
+                return format(x, fmt) if x is not None else "-"
+            print(f"{r['method']:<28}{bs:>6}{f(m['compression'], '.3f'):>19}{f(m['acceptance_rate'], '.3f'):>8}"
+                  f"{f(m['mean_accepted_length'], '.3f'):>14}{m['tokens_per_s']:>9.1f}{f(m['tpot_ms_p50'], '.2f'):>12}"
+                  f"{f(m['tpot_ms_p95'], '.2f'):>8}{m['engine_steps']:>7}{f(m.get('exact_vs_none'), '.3f'):>15}"
+                  f"{f(None if m['proposer_share_of_step_time'] is None else 100 * m['proposer_share_of_step_time'], '.2f'):>16}")
+    if reference:
+        print(f"HF full-LADE reference (W={reference['W']} N={reference['N']} G={reference['G']}, "
+              f"{reference['prompts']} prompts): compression {reference['compression']:.3f} tokens/step")
+
+
+def plot(results: list[dict[str, Any]], reference: dict[str, Any] | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    batch_sizes = list(results[0]["by_batch_size"])
+    width = 0.8 / len(results)
+    for i, r in enumerate(results):
+        xs = np.arange(len(batch_sizes)) + i * width
+        axes[0].bar(xs, [r["by_batch_size"][b]["compression"] for b in batch_sizes], width, label=r["method"])
+        axes[1].bar(xs, [r["by_batch_size"][b]["tokens_per_s"] for b in batch_sizes], width, label=r["method"])
+    if reference and reference.get("compression"):
+        axes[0].axhline(reference["compression"], ls="--", color="k", label="HF full LADE (ref.)")
+    for ax, title, unit in ((axes[0], "compression", "tokens / forward pass"), (axes[1], "throughput", "tokens/s")):
+        ax.set_xticks(np.arange(len(batch_sizes)) + 0.4 - width / 2, [f"batch {b}" for b in batch_sizes])
+        ax.set_title(title)
+        ax.set_ylabel(unit)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from vllm_lookahead.devtools.paths import demo_model_dir
+
+    model = args.model or str(demo_model_dir())
+    try:
+        specs = [s for s in args.methods.split(",") if s]
+        # specs may contain commas inside params: re-join pieces that have no method name
+        specs = _split_specs(args.methods)
+        for s in specs:
+            parse_decoder(s, args.k)
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+        prompts = load_prompts(args.prompts, args.n, args.seed)
+    except (DecoderSpecError, ValueError) as e:
+        print(f"vllm-lookahead bench: {e}", file=sys.stderr)
+        return 2
+    if not Path(model, "config.json").exists():
+        print(f"vllm-lookahead bench: {model} has no config.json (not a model directory)", file=sys.stderr)
+        return 2
+    results = []
+    for s in specs:
+        print(f"[bench] {s}: {len(prompts)} prompts x {args.max_tokens} tokens at batch sizes {batch_sizes}",
+              file=sys.stderr)
+        results.append(run_isolated(run_method, model, s, prompts, batch_sizes, args))
+    base = next((r for r in results if r["method"] == "none"), None)
+    for r in results:
+        for bs, m in r["by_batch_size"].items():
+            if base is not None:
+                ref = base["by_batch_size"][bs]["token_ids"]
+                m["exact_vs_none"] = float(np.mean([a == b for a, b in zip(m["token_ids"], ref)]))
+    reference = reference_compression(model, prompts[: args.reference], args) if args.reference else None
+    print_table(results, reference)
+    out = {
+        "command": "vllm-lookahead bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "model": model, "prompts": args.prompts, "n_prompts": len(prompts), "max_tokens": args.max_tokens,
+        "dtype": args.dtype, "k_default": args.k, "machine": {"cpu_count": __import__("os").cpu_count(),
+                                                             "platform": platform.platform()},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "results": [{**r, "by_batch_size": {b: {k: v for k, v in m.items() if k != "token_ids"}
+                                            for b, m in r["by_batch_size"].items()}} for r in results],
+        "reference": reference,
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"[bench] wrote {args.json}", file=sys.stderr)
+    plot_path = args.plot or (args.json.with_suffix(".png") if args.json else None)
+    if plot_path:
+        plot(results, reference, plot_path)
+        print(f"[bench] wrote {plot_path}", file=sys.stderr)
+    return 0
+
+
+def _split_specs(text: str) -> list[str]:
+    """Split 'none,ngram:k=4,lookahead:k=4,ngram=4' into specs: a piece with '=' but no ':' before it
+    belongs to the previous spec."""
+    out: list[str] = []
+    for piece in text.split(","):
+        piece = piece.strip()
+        if not piece:
+            continue
+        if out and "=" in piece and ":" not in piece.split("=")[0] and ":" in out[-1]:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
