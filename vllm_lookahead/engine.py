@@ -84,11 +84,11 @@ def parse_decoder(spec: str, default_k: int = 4) -> DecoderSpec:
         if not eq or not key:
             raise DecoderSpecError(f"{spec!r}: expected key=value, got {item!r}")
         params[key.strip()] = _parse_value(value.strip())
-    k = params.pop("k", default_k if method != "none" else 0)
     if method == "none":
         if params:
             raise DecoderSpecError(f"{spec!r}: 'none' takes no parameters")
         return DecoderSpec("none")
+    k = params.pop("k", default_k)
     if not isinstance(k, int) or not 1 <= k <= 32:
         raise DecoderSpecError(f"{spec!r}: k must be an integer in 1..32")
     if method == "lookahead":

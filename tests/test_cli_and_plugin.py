@@ -1,0 +1,71 @@
+"""CLI surface, decoder spec parsing, the plugin entry point and the vLLM version pin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+from vllm_lookahead.engine import DecoderSpecError, parse_decoder
+from vllm_lookahead.vllm.version import UnsupportedVLLMVersion, check_vllm_version
+
+pytestmark = pytest.mark.unit
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vllm_lookahead.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_top_level_help_lists_commands():
+    r = run("--help")
+    assert r.returncode == 0
+    for cmd in ("demo", "bench", "gate"):
+        assert cmd in r.stdout
+
+
+def test_unknown_command_is_a_usage_error():
+    r = run("nope")
+    assert r.returncode == 2 and "unknown command" in r.stderr
+
+
+def test_bench_help_and_bad_spec():
+    assert run("bench", "--help").returncode == 0
+    r = run("bench", "--methods", "none,warp:k=4")
+    assert r.returncode == 2 and "unknown method" in r.stderr
+
+
+def test_parse_decoder_specs():
+    assert parse_decoder("none").method == "none"
+    la = parse_decoder("lookahead:k=6,ngram=3,pool_size=4")
+    assert la.k == 6 and la.params == {"ngram": 3, "pool_size": 4}
+    assert la.engine_kwargs()["speculative_config"]["model"] == "vllm_lookahead.LookaheadProposer"
+    assert parse_decoder("ngram").engine_kwargs()["speculative_config"]["num_speculative_tokens"] == 4
+    c = parse_decoder("custom:pkg.mod.Cls:k=2")
+    assert c.class_path == "pkg.mod.Cls" and c.k == 2
+    for bad, msg in [("lookahead:k=0", "k must be"), ("lookahead:ngram=1", "ngram=1"), ("none:k=3", "no parameters"),
+                     ("custom:nodots", "dotted"), ("ngram:foo=1", "ngram takes"), ("lookahead:k", "key=value")]:
+        with pytest.raises(DecoderSpecError, match=msg):
+            parse_decoder(bad)
+
+
+def test_plugin_entry_point_is_registered():
+    eps = entry_points(group="vllm.general_plugins")
+    assert any(ep.value == "vllm_lookahead.vllm.plugin:register" for ep in eps)
+
+
+def test_version_pin_refuses_other_minor(monkeypatch):
+    monkeypatch.delenv("VLLM_LOOKAHEAD_SKIP_VERSION_CHECK", raising=False)
+    assert check_vllm_version("0.32.3") == "0.32.3"
+    with pytest.raises(UnsupportedVLLMVersion, match="patches vLLM 0.32"):
+        check_vllm_version("0.33.0")
+    monkeypatch.setenv("VLLM_LOOKAHEAD_SKIP_VERSION_CHECK", "1")
+    assert check_vllm_version("0.33.0") == "0.33.0"
+
+
+def test_importing_the_package_does_not_import_vllm():
+    code = "import sys, vllm_lookahead, vllm_lookahead.core, quality_sidecar.schema; print('vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
