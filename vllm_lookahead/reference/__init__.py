@@ -1,0 +1,27 @@
+"""Full-LADE reference decoder on a Hugging Face causal LM (the oracle for the vLLM proposer).
+
+See docs/reference.md.  Greedy only, batch size 1, exact in float32.
+"""
+
+from .decoder import (
+    LadeResult,
+    greedy_generate,
+    lade_generate,
+    lookup_draft,
+    prompt_lookup_generate,
+)
+from .layout import StepLayout, build_step_layout
+from .model import load_model
+from .pool import NGramPool
+
+__all__ = [
+    "LadeResult",
+    "NGramPool",
+    "StepLayout",
+    "build_step_layout",
+    "greedy_generate",
+    "lade_generate",
+    "load_model",
+    "lookup_draft",
+    "prompt_lookup_generate",
+]

@@ -1,0 +1,119 @@
+"""``quality-sidecar``: run the monitoring service, or score a JSONL file once.
+
+    quality-sidecar run --source kafka://HOST:PORT/TOPIC --group GROUP --dlq kafka://HOST:PORT/TOPIC \\
+        --alerts kafka://HOST:PORT/TOPIC --http-port 9400 --config sidecar.yaml
+    quality-sidecar run --source file://samples.jsonl --dlq file://dlq.jsonl
+    quality-sidecar score --input samples.jsonl --json report.json
+
+Every ``run`` flag also reads ``QUALITY_SIDECAR_<FLAG>`` (``--http-port`` -> QUALITY_SIDECAR_HTTP_PORT);
+the command line wins over the environment, which wins over ``--config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+RUN_FLAGS = {  # flag -> (config key, type, help)
+    "source": ("source", str, "kafka://HOST:PORT[,HOST:PORT]/TOPIC or file://PATH.jsonl"),
+    "group": ("group", str, "Kafka consumer group (default quality-sidecar)"),
+    "dlq": ("dlq", str, "dead-letter sink: kafka://HOST:PORT/TOPIC or file://PATH.jsonl"),
+    "alerts": ("alerts", str, "alert events sink: kafka://HOST:PORT/TOPIC or file://PATH.jsonl"),
+    "http-port": ("http_port", int, "port for /metrics /healthz /readyz (default 9400; -1 = off)"),
+    "config": ("config", str, "YAML config (keys of ServiceConfig, detector knobs under 'monitor:')"),
+    "baseline-url": ("baseline_url", str, "OpenAI-compatible baseline server to replay greedy prompts against"),
+    "webhook-url": ("webhook_url", str, "POST alert events as JSON to this URL"),
+    "state": ("state_path", str, "state file: exactly-once counts across restarts (see docs/sidecar.md)"),
+    "reference": ("reference_path", str, "JSONL of reference samples (frozen reference window)"),
+    "max-samples": ("max_samples", int, "stop after this many valid samples (tests, benchmarks)"),
+}
+
+
+def _env(flag: str) -> str | None:
+    return os.environ.get("QUALITY_SIDECAR_" + flag.upper().replace("-", "_"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quality-sidecar", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="consume samples, classify, detect drift, export metrics and alerts")
+    for flag, (_key, typ, hlp) in RUN_FLAGS.items():
+        run.add_argument(f"--{flag}", type=typ, default=None, help=f"{hlp} [env QUALITY_SIDECAR_{flag.upper().replace('-', '_')}]")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar for file sources")
+    score = sub.add_parser("score", help="score a JSONL file once and write a JSON report")
+    score.add_argument("--input", required=True, help="samples JSONL")
+    score.add_argument("--json", required=True, help="output report path")
+    score.add_argument("--dlq", default=None, help="file://PATH.jsonl for invalid lines (default: count only)")
+    score.add_argument("--config", default=None, help="YAML config as for run")
+    score.add_argument("--permutations", type=int, default=200, help="permutations for the text MMD test")
+    return p
+
+
+def load_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config must be a YAML mapping")
+    return data
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .service import Service, ServiceConfig
+
+    values: dict[str, Any] = {}
+    for flag, (key, typ, _h) in RUN_FLAGS.items():
+        v = getattr(args, flag.replace("-", "_"))
+        if v is None and _env(flag) is not None:
+            v = typ(_env(flag))
+        values[key] = v
+    conf = load_config(values.pop("config"))
+    http_port = values.pop("http_port")
+    http_port = int(conf.pop("http_port", 9400)) if http_port is None else http_port
+    conf.update({k: v for k, v in values.items() if v is not None})
+    if not conf.get("source"):
+        print("error: --source (or QUALITY_SIDECAR_SOURCE) is required, e.g. --source file://samples.jsonl",
+              file=sys.stderr)
+        return 2
+    conf["progress"] = not args.no_progress and conf.get("progress", True)
+    cfg = ServiceConfig.from_dict(conf)
+    svc = Service(cfg, http_port=None if http_port < 0 else http_port)
+    rc = svc.run()
+    c = svc.pipeline.counts
+    print(f"processed {c['samples']} samples, {c['dlq']} to the DLQ, {c['duplicates']} duplicates dropped, "
+          f"{len(svc.pipeline.alarm_log)} alarms", file=sys.stderr)
+    return rc
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from .offline import score_file
+
+    report = score_file(args.input, load_config(args.config), dlq=args.dlq, permutations=args.permutations)
+    Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    c = report["counts"]
+    print(f"scored {c['samples']} samples ({c['dlq']} invalid) -> {args.json}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return cmd_run(args) if args.cmd == "run" else cmd_score(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Drift detectors in scikit-learn estimator shape: ``fit(reference)`` then ``update(batch) -> Result``.
+
+Streaming charts (cheap path): ``BernoulliCUSUM``, ``GaussianCUSUM``, ``PairedExactMatch``.
+Two-sample tests (T>0, also used by the release gate): ``length_test``, ``finish_reason_test``,
+``rate_test``, ``text_mmd_test``, ``linear_mmd_test``, ``mcnemar_test``, with ``holm`` /
+``benjamini_hochberg`` across metrics, and ``WindowedTwoSample`` to run them on a stream.
+"""
+
+from .base import Result, split_budget
+from .cusum import BernoulliCUSUM, GaussianCUSUM, calibrate_threshold
+from .exact_match import PairedExactMatch, first_divergence, mcnemar_test
+from .twosample import (
+    TestResult,
+    WindowedTwoSample,
+    benjamini_hochberg,
+    finish_reason_test,
+    holm,
+    length_test,
+    linear_mmd_test,
+    rate_test,
+    text_mmd_test,
+)
+
+__all__ = ["BernoulliCUSUM", "GaussianCUSUM", "PairedExactMatch", "Result", "TestResult", "WindowedTwoSample",
+           "benjamini_hochberg", "calibrate_threshold", "finish_reason_test", "first_divergence", "holm",
+           "length_test", "linear_mmd_test", "mcnemar_test", "rate_test", "split_budget", "text_mmd_test"]

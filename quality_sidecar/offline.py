@@ -1,0 +1,67 @@
+"""One-shot scoring of a JSONL file (``quality-sidecar score``): rates, tests between arms, T=0 pairs.
+
+Unlike the streaming detectors this uses conventional alpha = 0.05 two-sample tests with Holm across
+metrics (it answers "do these two arms differ in this file?", like the release gate does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .detectors import (
+    finish_reason_test,
+    first_divergence,
+    holm,
+    length_test,
+    rate_test,
+    text_mmd_test,
+)
+from .monitor import RATE_CHARTS
+from .service import Pipeline, ServiceConfig
+from .sinks import JsonWriter
+
+
+def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutations: int = 200) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    cfg = ServiceConfig.from_dict({**conf, "source": f"file://{path}"})
+    pipe = Pipeline(cfg)
+    writer = JsonWriter(dlq) if dlq else None
+    samples = []
+    with open(path, "rb") as fh:
+        for i, line in enumerate(tqdm(fh, desc="scoring", unit=" samples")):
+            if line.strip():
+                s = pipe.decode(line.rstrip(b"\r\n"), {"file": path, "line": i + 1}, writer)
+                if s is not None:
+                    samples.append(s)
+    if writer:
+        writer.close()
+    feats = pipe.classify(samples)
+    pipe.counts["samples"] = len(feats)
+    by_arm: dict[str, list] = {}
+    for f in feats:
+        by_arm.setdefault(f.arm, []).append(f)
+    report: dict[str, Any] = {"counts": pipe.counts, "dlq_reasons": pipe.dlq_reasons, "arms": {}}
+    for arm, fs in by_arm.items():
+        report["arms"][arm] = {"samples": len(fs),
+                               "rates": {k: sum(f.truncated if k == "truncated" else f.flags.get(k, False)
+                                                for f in fs) / len(fs) for k in RATE_CHARTS},
+                               "mean_length_tokens": sum(f.length for f in fs) / len(fs)}
+    b, c = by_arm.get("baseline", []), by_arm.get("candidate", [])
+    if b and c:
+        tests = [length_test([f.length for f in b], [f.length for f in c]),
+                 finish_reason_test([f.finish_reason for f in b], [f.finish_reason for f in c])]
+        tests += [rate_test([f.truncated if k == "truncated" else f.flags.get(k, False) for f in b],
+                            [f.truncated if k == "truncated" else f.flags.get(k, False) for f in c], name=k)
+                  for k in RATE_CHARTS]
+        tests.append(text_mmd_test([f.text for f in b], [f.text for f in c], n_permutations=permutations))
+        adj = holm([t.pvalue for t in tests])
+        report["tests"] = [{"name": t.name, "statistic": t.statistic, "pvalue": t.pvalue, "pvalue_holm": float(p),
+                            "significant_at_0.05": bool(p < 0.05), "detail": t.detail} for t, p in zip(tests, adj)]
+        base = {f.pair_key: f for f in b if f.greedy and f.token_ids is not None}
+        pairs = [(f, base[f.pair_key]) for f in c if f.greedy and f.token_ids is not None and f.pair_key in base]
+        divs = [first_divergence(x.token_ids, y.token_ids) for x, y in pairs]
+        report["exact_match"] = {"pairs": len(pairs),
+                                 "exact_match_rate": (sum(d is None for d in divs) / len(divs)) if divs else None,
+                                 "first_divergence_positions": sorted(d for d in divs if d is not None)[:50]}
+    return report

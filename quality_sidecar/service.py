@@ -1,0 +1,400 @@
+"""The sidecar loop: poll -> decode/validate (bad -> DLQ) -> dedupe -> classify -> detect -> export.
+
+Delivery: at-least-once from the source, exactly-once in the counts when ``state_path`` is set.
+Every checkpoint (each ``commit_interval_s``) flushes the DLQ and alert writers, atomically writes
+the state (per-partition next offsets, the request-id dedupe window, counters, detector states) and
+only then commits the offsets to Kafka.  After a crash the restarted sidecar loads the state, skips
+redelivered records below the saved offsets and drops request ids it has already seen - so nothing
+is lost (uncommitted records are redelivered) and nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .classifiers import classify_batch, default_classifiers
+from .classifiers.format import FormatClassifier
+from .features import Features, extract
+from .monitor import Alarm, ArmComparison, MonitorConfig, PairTable, StreamMonitor
+from .sinks import AlertSink, JsonWriter, Metrics, dlq_record
+from .validate import sample_errors
+
+log = logging.getLogger("quality_sidecar")
+
+ALARM_HELP = {
+    "refusal": ("refusal rate rose", "read the example traces; check the model/template version and the decoder"),
+    "format_invalid": ("more outputs break their format", "check structured-output settings and the decoder"),
+    "unsafe": ("safety patterns fire more often", "inspect examples; escalate to the safety owner"),
+    "degenerate": ("more empty or looping outputs", "suspect the speculative decoder: compare with decoding off"),
+    "truncated": ("more outputs cut short", "check max_tokens, aborts and the decoder's stop handling"),
+    "length_up": ("outputs got longer", "compare prompts mix; if unchanged, suspect the decoder/model"),
+    "length_down": ("outputs got shorter", "compare prompts mix; if unchanged, suspect the decoder/model"),
+    "acceptance_down": ("draft acceptance fell (speed, not correctness)", "check lookahead params and traffic mix"),
+    "exact_match": ("greedy outputs differ from the baseline beyond the A/A rate",
+                    "lossless decoding is broken: roll the candidate back, replay the example prompts"),
+}
+
+
+@dataclass
+class ServiceConfig:
+    source: str = ""
+    group: str = "quality-sidecar"
+    dlq: str | None = None
+    alerts: str | None = None
+    webhook_url: str | None = None
+    baseline_url: str | None = None
+    replay_fraction: float = 0.1
+    state_path: str | None = None
+    reference_path: str | None = None
+    dedupe_window: int = 100_000
+    commit_interval_s: float = 1.0
+    max_poll_records: int = 500
+    max_message_bytes: int = 4 * 1024 * 1024
+    format_code_fraction: float = 1.0
+    safety_backend: str | None = None
+    validation: str = "fast"
+    max_samples: int | None = None
+    progress: bool = True
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServiceConfig:
+        d = dict(d)
+        mon = d.pop("monitor", {}) or {}
+        known = {f.name for f in fields(cls)}
+        bad = set(d) - known
+        mknown = {f.name for f in fields(MonitorConfig)}
+        if bad or set(mon) - mknown:
+            raise ValueError(f"unknown config keys: {sorted(bad | (set(mon) - mknown))}")
+        return cls(**d, monitor=MonitorConfig(**mon))
+
+
+class Pipeline:
+    """Everything except the source: usable offline (``score``) and inside the loop."""
+
+    def __init__(self, cfg: ServiceConfig, metrics: Metrics | None = None, alerts: AlertSink | None = None):
+        self.cfg = cfg
+        self.metrics = metrics or Metrics()
+        self.alerts = alerts
+        clfs = default_classifiers(cfg.safety_backend)
+        self.classifiers = [FormatClassifier(code_fraction=cfg.format_code_fraction)
+                            if c.name == "format_invalid" else c for c in clfs]
+        self.streams: dict[tuple[str, str], StreamMonitor] = {}
+        self.compare: dict[str, ArmComparison] = {}
+        self.pairs: dict[str, PairTable] = {}
+        self.seen: OrderedDict[str, None] = OrderedDict()
+        self.counts = {"samples": 0, "duplicates": 0, "dlq": 0}
+        self.dlq_reasons: dict[str, int] = {}
+        self.alarm_log: list[dict[str, Any]] = []
+        self.reference: dict[tuple[str, str], list[Features]] = {}
+        self._lock = threading.Lock()
+        if cfg.reference_path:
+            self._load_reference(cfg.reference_path)
+
+    def _load_reference(self, path: str) -> None:
+        samples = []
+        with open(path, "rb") as fh:
+            for i, line in enumerate(fh):
+                if line.strip():
+                    s = json.loads(line)
+                    errs = sample_errors(s)
+                    if errs:
+                        raise ValueError(f"reference {path}:{i + 1} is not a valid v1 sample: {errs[0]}")
+                    samples.append(s)
+        for f in self.classify(samples):
+            self.reference.setdefault((f.model, f.arm), []).append(f)
+            self.reference.setdefault((f.model, "*"), []).append(f)
+
+    # --- per-sample work -------------------------------------------------------------------------
+    def classify(self, samples: list[dict[str, Any]]) -> list[Features]:
+        feats = [extract(s) for s in samples]
+        texts = [f.text for f in feats]
+        prompts = [(s.get("prompt") or {}).get("text") for s in samples]
+        rfs = [(s.get("sampling") or {}).get("response_format") for s in samples]
+        frs = [(s.get("output") or {}).get("finish_reason") for s in samples]
+        for clf in self.classifiers:
+            for f, v in zip(feats, classify_batch(clf, texts, prompts, rfs, frs)):
+                f.flags[v.name] = v.flagged
+                f.scores[v.name] = v.score
+        return feats
+
+    def reject(self, raw: bytes, reason_label: str, reason: str, where: dict, dlq: JsonWriter | None) -> None:
+        self.counts["dlq"] += 1
+        self.dlq_reasons[reason_label] = self.dlq_reasons.get(reason_label, 0) + 1
+        self.metrics.dlq.labels(reason_label).inc()
+        if dlq is not None:
+            dlq.write(dlq_record(raw, reason, where), key=None)
+
+    def decode(self, raw: bytes, where: dict, dlq: JsonWriter | None) -> dict[str, Any] | None:
+        """Parsed, valid, not-yet-seen sample, or None (rejected to the DLQ or a duplicate)."""
+        if len(raw) > self.cfg.max_message_bytes:
+            self.reject(raw[:1024], "too_large", f"message of {len(raw)} bytes > {self.cfg.max_message_bytes}",
+                        where, dlq)
+            return None
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            self.reject(raw, "invalid_json", f"invalid JSON: {e}", where, dlq)
+            return None
+        if not isinstance(obj, dict):
+            self.reject(raw, "not_an_object", f"top-level JSON {type(obj).__name__}, expected an object", where, dlq)
+            return None
+        errs = sample_errors(obj, full=self.cfg.validation == "full")
+        if errs:
+            self.reject(raw, "schema", "schema v1: " + "; ".join(errs[:3]), where, dlq)
+            return None
+        rid = obj["request_id"]
+        if rid in self.seen:
+            self.counts["duplicates"] += 1
+            return None
+        self.seen[rid] = None
+        if len(self.seen) > self.cfg.dedupe_window:
+            self.seen.popitem(last=False)
+        return obj
+
+    def process(self, samples: list[dict[str, Any]]) -> list[Alarm]:
+        """Classify and monitor a batch of valid samples; returns (and emits) new alarms."""
+        if not samples:
+            return []
+        feats = self.classify(samples)
+        groups: dict[tuple[str, str], list[Features]] = {}
+        for f in feats:
+            groups.setdefault((f.model, f.arm), []).append(f)
+        alarms: list[Alarm] = []
+        with self._lock:
+            for (model, arm), fs in groups.items():
+                mon = self._stream(model, arm)
+                alarms += mon.update(fs)
+                alarms += self.compare.setdefault(model, ArmComparison(model, self.cfg.monitor)).update(arm, fs)
+                alarms += self.pairs.setdefault(model, PairTable(model, self.cfg.monitor)).add(fs)
+                self.metrics.samples.labels(model, arm).inc(len(fs))
+            self.counts["samples"] += len(feats)
+            self._emit(alarms)
+        return alarms
+
+    def add_replay_pair(self, sample: dict[str, Any], baseline: dict[str, Any]) -> None:
+        """Callback of the replay worker: pair a candidate greedy output with the baseline's."""
+        cand = sample["output"].get("token_ids")
+        base = baseline.get("token_ids")
+        if cand is None or base is None:
+            cand, base = sample["output"].get("text"), baseline.get("text")
+        with self._lock:
+            pt = self.pairs.setdefault(sample["model"], PairTable(sample["model"], self.cfg.monitor))
+            self._emit(pt.add_pair(cand, base, sample.get("trace_id"), sample["request_id"]))
+
+    def _stream(self, model: str, arm: str) -> StreamMonitor:
+        mon = self.streams.get((model, arm))
+        if mon is None:
+            mon = self.streams[(model, arm)] = StreamMonitor(model, arm, self.cfg.monitor)
+            ref = self.reference.get((model, arm)) or self.reference.get((model, "*"))
+            if ref:
+                mon.add_reference(ref)
+        return mon
+
+    def _emit(self, alarms: list[Alarm]) -> None:
+        for a in alarms:
+            r = a.result
+            meaning, action = ALARM_HELP.get(a.detector, ("baseline and candidate distributions differ",
+                                                          "compare the arms on the example requests"))
+            event = {"type": "quality_sidecar.alert", "detector": a.detector, "model": a.model, "arm": a.arm,
+                     "statistic": r.statistic, "threshold": r.threshold, "pvalue": r.pvalue,
+                     "samples_since_fit": r.n, "time_unix_s": time.time(), "meaning": meaning, "action": action,
+                     "ert_samples_per_detector": self.cfg.monitor.ert_each,
+                     "example_trace_ids": a.trace_ids, "example_request_ids": a.request_ids,
+                     "detail": {k: v for k, v in r.extra.items() if isinstance(v, (int, float, str, list))}}
+            self.alarm_log.append(event)
+            self.metrics.alarms.labels(a.detector, a.model, a.arm).inc()
+            if self.alerts is not None:
+                self.alerts.emit(event)
+
+    def refresh_gauges(self) -> None:
+        m = self.metrics
+        with self._lock:
+            for (model, arm), mon in self.streams.items():
+                for k, v in mon.behaviour_rates().items():
+                    m.rate.labels(k, model, arm).set(v)
+                acc = mon.acceptance_rate()
+                if not math.isnan(acc):
+                    m.acceptance.labels(model, arm).set(acc)
+                for name, r in mon.last.items():
+                    m.statistic.labels(name, model, arm).set(r.statistic)
+                    m.alarm.labels(name, model, arm).set(1 if r.alarm else 0)
+            for model, cmp in self.compare.items():
+                for r in cmp.last.values():
+                    m.statistic.labels(r.detector, model, "candidate").set(r.statistic)
+                    m.pvalue.labels(r.detector, model, "candidate").set(r.pvalue if r.pvalue is not None else 1.0)
+                    m.alarm.labels(r.detector, model, "candidate").set(1 if r.alarm else 0)
+            for model, pt in self.pairs.items():
+                if pt.detector.pairs_:
+                    m.exact.labels(model).set(pt.detector.exact_match_rate)
+                if pt.last is not None:
+                    m.statistic.labels("exact_match", model, "candidate").set(pt.last.statistic)
+                    m.alarm.labels("exact_match", model, "candidate").set(1 if pt.last.alarm else 0)
+
+    # --- state -----------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        with self._lock:
+            return {"counts": dict(self.counts), "dlq_reasons": dict(self.dlq_reasons), "seen": list(self.seen),
+                    "streams": {f"{m}\x1f{a}": s.get_state() for (m, a), s in self.streams.items()},
+                    "alarms": self.alarm_log[-100:]}
+
+    def set_state(self, st: dict[str, Any]) -> None:
+        self.counts.update(st["counts"])
+        self.dlq_reasons.update(st["dlq_reasons"])
+        for r, n in self.dlq_reasons.items():
+            self.metrics.dlq.labels(r).inc(n)
+        self.seen = OrderedDict.fromkeys(st["seen"])
+        self.alarm_log = st.get("alarms", [])
+        for key, ss in st["streams"].items():
+            model, arm = key.split("\x1f")
+            mon = self.streams[(model, arm)] = StreamMonitor(model, arm, self.cfg.monitor)
+            mon.set_state(ss)
+            self.metrics.samples.labels(model, arm).inc(mon.samples)
+
+
+def save_state(path: str, state: dict[str, Any]) -> None:
+    """Atomic write (tmp + fsync + rename): a crash leaves the old or the new state, never half."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(state, fh, separators=(",", ":"))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Service:
+    """Owns the source, the sinks, the HTTP server and the loop."""
+
+    def __init__(self, cfg: ServiceConfig, http_port: int | None = None):
+        from .sinks import HttpServer, start_otlp
+        from .sources import open_source
+
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self.http = HttpServer(self.metrics, http_port) if http_port is not None else None
+        self.otlp = start_otlp(self.metrics)
+        self.alerts = AlertSink(cfg.alerts, cfg.webhook_url)
+        self.dlq = JsonWriter(cfg.dlq) if cfg.dlq else None
+        self.pipeline = Pipeline(cfg, self.metrics, self.alerts)
+        self.offsets: dict[tuple[str, int], int] = {}
+        if cfg.state_path and Path(cfg.state_path).exists():
+            st = json.loads(Path(cfg.state_path).read_text())
+            self.pipeline.set_state(st["pipeline"])
+            self.offsets = {(t, int(p)): o for t, p, o in st["offsets"]}
+            log.info("resumed from %s: %d samples, %d offsets", cfg.state_path, self.pipeline.counts["samples"],
+                     len(self.offsets))
+        self.source = open_source(cfg.source, cfg.group, **(
+            {"max_poll_records": cfg.max_poll_records} if cfg.source.startswith("kafka://") else {}))
+        if cfg.source.startswith("file://") and self.offsets:
+            self.source.seek_line(max(self.offsets.values()))
+        self.replay = None
+        if cfg.baseline_url:
+            from .detectors.replay import BaselineReplayClient, ReplayWorker
+
+            self.replay = ReplayWorker(BaselineReplayClient(cfg.baseline_url), self.pipeline.add_replay_pair,
+                                       fraction=cfg.replay_fraction)
+        self.stopping = threading.Event()
+        self.uncommitted: dict[tuple[str, int], int] = {}
+
+    def request_stop(self, *_args) -> None:
+        self.stopping.set()
+
+    def step(self, timeout_s: float = 0.5) -> int:
+        """One poll + process; returns the number of records handled."""
+        records = self.source.poll(timeout_s, self.cfg.max_poll_records)
+        valid = []
+        for rec in records:
+            tp = (rec.topic, rec.partition)
+            if rec.offset < self.offsets.get(tp, -1):
+                continue  # already in the state checkpoint (redelivered after a crash)
+            sample = self.pipeline.decode(rec.value, rec.where, self.dlq)
+            if sample is not None:
+                valid.append(sample)
+                if self.replay is not None and sample["deployment"]["arm"] == "candidate" and \
+                        (sample.get("sampling") or {}).get("temperature") == 0:
+                    self.replay.submit(sample)
+            self.uncommitted[tp] = rec.offset + 1
+        self.pipeline.process(valid)
+        if self.http is not None:
+            self.http.heartbeat = time.monotonic()
+        return len(records)
+
+    def checkpoint(self) -> None:
+        """Flush outputs, persist state, then commit: the order that makes crashes harmless."""
+        self.pipeline.refresh_gauges()
+        for (t, p), lag in self.source.lag().items():
+            self.metrics.lag.labels(t, str(p)).set(lag)
+        if not self.uncommitted:
+            return
+        if self.dlq is not None:
+            self.dlq.flush()
+        self.alerts.flush()
+        self.offsets.update(self.uncommitted)
+        if self.cfg.state_path:
+            save_state(self.cfg.state_path, {"pipeline": self.pipeline.get_state(),
+                                             "offsets": [[t, p, o] for (t, p), o in self.offsets.items()]})
+        self.source.commit(dict(self.uncommitted))
+        self.uncommitted = {}
+
+    def run(self) -> int:
+        """Loop until SIGTERM/SIGINT, end of a file source, or ``max_samples``; 0 on clean exit."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.request_stop)
+            signal.signal(signal.SIGINT, self.request_stop)
+        bar = None
+        if self.cfg.progress and hasattr(self.source, "total_bytes"):
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.source.total_bytes, unit="B", unit_scale=True, desc="scoring samples",
+                       file=None, dynamic_ncols=True)
+        last = time.monotonic()
+        try:
+            while not self.stopping.is_set():
+                self.step()
+                if self.http is not None and not self.http.ready and self.source.ready:
+                    self.http.ready = True
+                if bar is not None:
+                    bar.update(self.source.bytes_read - bar.n)
+                    bar.set_postfix(samples=self.pipeline.counts["samples"], dlq=self.pipeline.counts["dlq"])
+                if time.monotonic() - last >= self.cfg.commit_interval_s:
+                    self.checkpoint()
+                    last = time.monotonic()
+                if getattr(self.source, "eof", False):
+                    break
+                if self.cfg.max_samples and self.pipeline.counts["samples"] >= self.cfg.max_samples:
+                    break
+        finally:
+            self.checkpoint()
+            if bar is not None:
+                bar.close()
+            self.close()
+        return 0
+
+    def summary(self) -> dict[str, Any]:
+        p = self.pipeline
+        return {"counts": p.counts, "dlq_reasons": p.dlq_reasons, "alarms": p.alarm_log,
+                "streams": {f"{m}/{a}": {"samples": s.samples, "rates": s.behaviour_rates()}
+                            for (m, a), s in p.streams.items()},
+                "config": asdict(self.cfg)}
+
+    def close(self) -> None:
+        if self.replay is not None:
+            self.replay.close()
+        if self.dlq is not None:
+            self.dlq.close()
+        self.alerts.close()
+        self.source.close()
+        if self.otlp is not None:
+            self.otlp.shutdown()
+        if self.http is not None:
+            self.http.close()

@@ -1,0 +1,86 @@
+"""Prometheus metrics (names fixed by docs/CONTRACTS.md) and the one HTTP port that serves them.
+
+``/metrics`` (Prometheus text format), ``/healthz`` (200 while the consume loop has ticked within
+``stall_s``), ``/readyz`` (200 once the source is connected and the classifiers are loaded).  Each
+service owns its ``CollectorRegistry`` so tests can run several in one process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.samples = Counter("quality_sidecar_samples", "Valid samples processed", ["model", "arm"], registry=r)
+        self.dlq = Counter("quality_sidecar_dlq", "Messages sent to the dead-letter queue", ["reason"], registry=r)
+        self.lag = Gauge("quality_sidecar_consumer_lag", "Messages behind the partition end",
+                         ["topic", "partition"], registry=r)
+        self.alarm = Gauge("quality_sidecar_alarm", "1 while the detector is in alarm",
+                           ["detector", "model", "arm"], registry=r)
+        self.alarms = Counter("quality_sidecar_alarms", "Alarms raised", ["detector", "model", "arm"], registry=r)
+        self.statistic = Gauge("quality_sidecar_detector_statistic", "Current detector statistic",
+                               ["detector", "model", "arm"], registry=r)
+        self.pvalue = Gauge("quality_sidecar_detector_pvalue", "Latest (Holm-adjusted) p-value",
+                            ["detector", "model", "arm"], registry=r)
+        self.rate = Gauge("quality_sidecar_behaviour_rate", "Flag rate over the last window",
+                          ["classifier", "model", "arm"], registry=r)
+        self.exact = Gauge("quality_sidecar_exact_match_rate", "T=0 paired exact-match rate", ["model"], registry=r)
+        self.acceptance = Gauge("quality_sidecar_acceptance_rate", "Mean draft acceptance over the last window",
+                                ["model", "arm"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HttpServer:
+    """``/metrics``, ``/healthz``, ``/readyz`` on one port, in a daemon thread."""
+
+    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0", stall_s: float = 60.0):
+        self.metrics, self.stall_s = metrics, stall_s
+        self.ready = False
+        self.heartbeat = time.monotonic()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    self._send(200, outer.metrics.render(), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    ok = time.monotonic() - outer.heartbeat < outer.stall_s
+                    self._send(200 if ok else 503, b"ok\n" if ok else b"consume loop stalled\n")
+                elif path == "/readyz":
+                    self._send(200 if outer.ready else 503, b"ready\n" if outer.ready else b"not ready\n")
+                else:
+                    self._send(404, b"not found: try /metrics /healthz /readyz\n")
+
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="sidecar-http", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

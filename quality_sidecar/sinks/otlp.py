@@ -1,0 +1,58 @@
+"""Optional OTLP metrics export, configured only by the standard ``OTEL_*`` environment variables.
+
+Enabled when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set (and
+``OTEL_METRICS_EXPORTER`` is not ``none``).  The exporter protocol follows
+``OTEL_EXPORTER_OTLP_PROTOCOL`` (grpc default, or http/protobuf).  Instruments are observable gauges
+that read the Prometheus registry at export time, so both sinks always agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def otlp_enabled() -> bool:
+    if os.environ.get("OTEL_METRICS_EXPORTER", "otlp").lower() == "none":
+        return False
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"))
+
+
+def start_otlp(metrics: Metrics):
+    """Start a periodic OTLP exporter mirroring every sidecar metric; returns the provider or None."""
+    if not otlp_enabled():
+        return None
+    from opentelemetry.metrics import Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    proto = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"))
+    if proto.startswith("http"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter())
+    provider = MeterProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "quality-sidecar")}),
+                             metric_readers=[reader])
+    meter = provider.get_meter("quality_sidecar")
+
+    def callback_for(family_name: str):
+        def cb(_options):
+            for fam in metrics.registry.collect():
+                if fam.name != family_name:
+                    continue
+                for s in fam.samples:
+                    if s.name.endswith("_created"):
+                        continue
+                    yield Observation(s.value, dict(s.labels))
+        return cb
+
+    for fam in metrics.registry.collect():
+        meter.create_observable_gauge(fam.name, callbacks=[callback_for(fam.name)], description=fam.documentation)
+    log.info("OTLP metrics export on (%s)", proto)
+    return provider

@@ -1,0 +1,263 @@
+"""Unit tests of the gate's pure parts: specs, policy, eval-set loading, checkers, sandbox, stats,
+analysis/verdict on constructed runs, report writing, CLI usage errors (no engine starts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from vllm_lookahead.gate import stats
+from vllm_lookahead.gate.analysis import analyse, load_classifiers
+from vllm_lookahead.gate.checkers import check, cut_block
+from vllm_lookahead.gate.cli import main as gate_main
+from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunResult
+from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, EvalItem, EvalSetError, load_eval_set
+from vllm_lookahead.gate.policy import PolicyError, load_policy, validate
+from vllm_lookahead.gate.report import markdown_summary, write_report
+from vllm_lookahead.gate.sandbox import run_python
+from vllm_lookahead.gate.spec import SpecError, parse_spec
+
+pytestmark = pytest.mark.unit
+
+
+# ---------------------------------------------------------------- specs
+def test_spec_none_ngram_lookahead_custom() -> None:
+    assert parse_spec("none").engine_kwargs() == {}
+    ng = parse_spec("ngram:k=4,n_min=2,n_max=5").engine_kwargs()["speculative_config"]
+    assert ng == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    la = parse_spec("lookahead:k=3,window=5,ngram=4,pool_size=8").engine_kwargs()
+    assert la["speculative_config"] == {"model": "vllm_lookahead.LookaheadProposer", "num_speculative_tokens": 3}
+    assert la["additional_config"] == {"lookahead": {"window": 5, "ngram": 4, "pool_size": 8}}
+    cu = parse_spec("custom:vllm_lookahead.gate.faulty.CorruptTokenProposer:k=2,fraction=0.25")
+    assert cu.engine_kwargs()["speculative_config"]["model"] == "vllm_lookahead.gate.faulty.CorruptTokenProposer"
+    assert cu.engine_kwargs()["additional_config"] == {"custom_proposer": {"fraction": 0.25}}
+
+
+@pytest.mark.parametrize("bad, words", [
+    ("", "empty"), ("beam:k=2", "unknown decoder kind"), ("ngram", "missing k"), ("ngram:k=0", "k must be"),
+    ("ngram:k=4,n_min=5,n_max=2", "n_min"), ("lookahead:k=4,window=x", "window"),
+    ("lookahead:k=4,foo=1", "unknown key"), ("none:k=1", "no parameters"),
+    ("custom:NoDots:k=4", "dotted class path"), ("custom:no_such_pkg.mod.Cls:k=4", "cannot import"),
+    ("custom:vllm_lookahead.gate.faulty.Nope:k=4", "has no class"), ("ngram:k=4,k=5", "twice"),
+    ("ngram:k=99", "<= 16"),
+])
+def test_spec_errors_are_clear(bad: str, words: str) -> None:
+    with pytest.raises(SpecError, match=words):
+        parse_spec(bad)
+
+
+# ---------------------------------------------------------------- policy
+def test_default_policy_loads_and_quality_is_mandatory(tmp_path: Path) -> None:
+    pol = load_policy()
+    assert pol["criteria"]["pass_rate_overall"]["max_drop"] == 0.02
+    p = tmp_path / "p.yaml"
+    p.write_text("criteria:\n  exact_match: null\n")
+    with pytest.raises(PolicyError, match="mandatory"):
+        load_policy(p)
+    p.write_text("criteria:\n  behaviour: {required: false}\n")
+    with pytest.raises(PolicyError, match="mandatory"):
+        load_policy(p)
+
+
+@pytest.mark.parametrize("doc, words", [
+    ({"criteria": {"pass_rate": {}}}, "unknown criterion"),
+    ({"criteria": {"exact_match": {"max_excess": 0.1}}}, "unknown key"),
+    ({"criteria": {"exact_match": {"max_excess_mismatch": "x"}}}, "wrong type"),
+    ({"criteria": {"exact_match": {"max_excess_mismatch": 3}}}, r"\[0, 1\]"),
+    ({"alpha": 2}, "alpha"), ({"multiple_testing": "magic"}, "multiple_testing"), ({"oops": 1}, "top-level"),
+    ({"version": 2}, "version"), ([1, 2], "mapping"),
+])
+def test_policy_errors(doc: object, words: str) -> None:
+    with pytest.raises(PolicyError, match=words):
+        validate(doc)
+
+
+def test_policy_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="does not exist"):
+        load_policy(tmp_path / "nope.yaml")
+    (tmp_path / "b.yaml").write_text("criteria: [\n")
+    with pytest.raises(PolicyError, match="not valid YAML"):
+        load_policy(tmp_path / "b.yaml")
+
+
+# ---------------------------------------------------------------- eval set
+def test_bundled_eval_set_is_valid_and_references_pass() -> None:
+    items = load_eval_set(DEFAULT_EVAL_SET)
+    assert len(items) >= 100
+    assert {"next_line", "copy", "syntax", "json", "unit_tests", "test_name", "body_prefix"} <= {i.task for i in items}
+    for it in items:
+        if it.reference is not None and it.task in ("next_line", "body_prefix", "syntax", "copy"):
+            assert check(it.prompt, it.reference + ("\n" if it.task == "copy" else ""), it.checker).passed, it.id
+    assert len(load_eval_set(DEFAULT_EVAL_SET, limit=2)) == 2 * len({i.task for i in items})
+
+
+def test_eval_set_reports_every_problem(tmp_path: Path) -> None:
+    f = tmp_path / "e.jsonl"
+    good = {"id": "a", "task": "t", "prompt": "x", "checker": {"type": "exact", "answer": "y"}}
+    f.write_text("\n".join([json.dumps(good), "{not json", json.dumps({**good, "checker": {"type": "nope"}}),
+                            json.dumps(good), json.dumps({**good, "id": "b", "max_tokens": 0}),
+                            json.dumps({**good, "id": "c", "checker": {"type": "regex", "pattern": "("}})]))
+    with pytest.raises(EvalSetError) as e:
+        load_eval_set(f)
+    msg = str(e.value)
+    for words in ("not JSON", "unknown checker type", "duplicate id", "max_tokens", "bad regex", ":2:", ":6:"):
+        assert words in msg
+    with pytest.raises(EvalSetError, match="does not exist"):
+        load_eval_set(tmp_path / "missing.jsonl")
+
+
+# ---------------------------------------------------------------- checkers and sandbox
+def test_checkers() -> None:
+    assert check("", "  return x\nmore", {"type": "next_line", "answer": "  return x"}).passed
+    assert not check("", "  return y\n", {"type": "next_line", "answer": "  return x"}).passed
+    assert check("", "abcdefXYZ", {"type": "prefix", "answer": "abcdefQQQ", "min_chars": 6}).passed
+    assert not check("", "abcdeXYZ", {"type": "prefix", "answer": "abcdefQQQ", "min_chars": 6}).passed
+    assert check("", "foo_bar(self):\n", {"type": "regex", "pattern": r"[a-z_]+\(self\):", "cut": "first_line"}).passed
+    js = {"type": "json_schema", "prefix": '{"a": ', "schema": {"type": "object", "required": ["a"]}}
+    assert check("", '1}\')\n', js).passed
+    assert not check("", "1, ", js).passed
+    assert not check("", '1}', {**js, "schema": {"type": "object", "required": ["b"]}}).passed
+    assert check("def f(x):\n", "    return x\n\ndef g(:\n", {"type": "python_syntax"}).passed
+    assert not check("def f(x):\n", "    return (x\n", {"type": "python_syntax"}).passed
+    assert cut_block("    a\n    b\nclass X:\n") == "    a\n    b\n"
+
+
+def test_python_tests_checker_runs_in_sandbox() -> None:
+    c = {"type": "python_tests", "tests": "assert add(1, 2) == 3"}
+    assert check("def add(a, b):\n", "    return a + b\n", c).passed
+    assert not check("def add(a, b):\n", "    return a - b\n", c).passed
+
+
+def test_sandbox_limits(tmp_path: Path) -> None:
+    r = run_python("while True:\n    pass\n", timeout_s=1)
+    assert not r.ok and r.timed_out
+    r = run_python("x = bytearray(2_000_000_000)\n", timeout_s=5, memory_mb=128)
+    assert not r.ok and "MemoryError" in r.stderr_tail
+    # isolated: runs in its own temp dir, not ours, and sees no PYTHON* environment
+    r = run_python("import os, sys\nassert 'gate-sandbox-' in os.getcwd()\nassert sys.flags.isolated\n")
+    assert r.ok, r.stderr_tail
+
+
+# ---------------------------------------------------------------- statistics
+def test_mcnemar_and_bootstrap() -> None:
+    base = [True] * 30 + [False] * 10
+    cand = [True] * 20 + [False] * 20
+    pr = stats.paired_rates(base, cand, resamples=500)
+    assert (pr.n10, pr.n01) == (10, 0)
+    assert pr.p_value == pytest.approx(sps.binomtest(10, 10, 0.5).pvalue)
+    assert pr.ci_high < 0 < pr.delta + 0.3
+    same = stats.paired_rates(base, base)
+    assert same.p_value == 1.0 and same.ci_low == same.ci_high == 0.0
+
+
+def test_multiple_testing_matches_references() -> None:
+    p = [0.01, 0.04, 0.03, 0.2]
+    np.testing.assert_allclose(stats.adjust_pvalues(p, "bh"), sps.false_discovery_control(p, method="bh"))
+    assert stats.adjust_pvalues(p, "holm") == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    assert stats.adjust_pvalues(p, "bonferroni") == pytest.approx([0.04, 0.16, 0.12, 0.8])
+    with pytest.raises(ValueError):
+        stats.adjust_pvalues(p, "x")
+
+
+def test_mde_matches_connor_table() -> None:
+    # anchors/quality.md: delta = 1 pp needs 1,567 / 3,137 / 7,847 pairs at p_d = 2% / 4% / 10%
+    for n, pd in ((1567, 0.02), (3137, 0.04), (7847, 0.10)):
+        assert stats.mcnemar_mde(n, pd) == pytest.approx(0.01, abs=2e-4)
+    assert stats.mcnemar_mde(10, 0.01) is None
+
+
+def test_first_divergence() -> None:
+    assert stats.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert stats.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert stats.first_divergence([1, 2, 3], [1, 2]) == 2
+
+
+# ---------------------------------------------------------------- analysis on constructed runs
+def _items() -> list[EvalItem]:
+    out = []
+    for i in range(40):
+        task = "a" if i < 20 else "b"
+        out.append(EvalItem(f"i{i}", task, f"p{i}\n", {"type": "next_line", "answer": "ok"}))
+    return out
+
+
+def _run(texts: list[str], ids: list[list[int]], mode: str = "batch") -> RunResult:
+    recs = [RequestRecord(f"i{i}", 0, ids[i], t, "length", 3, 0.01, 0.002, 8, 6, 10, [4, 4], [3, 3])
+            for i, t in enumerate(texts)]
+    return RunResult("x", {"spec": "none"}, mode, 0.0, 0, 1.0, recs)
+
+
+def _arms(cand_texts: list[str], cand_ids: list[list[int]]) -> tuple[ArmRuns, ArmRuns]:
+    texts = ["ok\n" if i % 2 == 0 else "no\n" for i in range(40)]
+    ids = [[i, 1, 2, 3] for i in range(40)]
+    base = ArmRuns(_run(texts, ids), _run(texts, ids, "sequential"))
+    return base, ArmRuns(_run(cand_texts, cand_ids), _run(cand_texts, cand_ids, "sequential"))
+
+
+def test_analysis_pass_for_identical_and_fail_for_regression(tmp_path: Path) -> None:
+    pol = load_policy()
+    clfs = load_classifiers(pol["criteria"]["behaviour"]["classifiers"])
+    items = _items()
+    texts = ["ok\n" if i % 2 == 0 else "no\n" for i in range(40)]
+    ids = [[i, 1, 2, 3] for i in range(40)]
+    base, cand = _arms(texts, ids)
+    res = analyse(items, base, cand, pol, clfs, ["i0", "i1"])
+    assert res["verdict"] == "PASS", res["criteria"]
+    assert res["exact_match"]["candidate"]["mismatches"] == 0
+    # regress every passing item of task a: pass rate drops, tokens diverge at index 1
+    bad_texts = [("no\n" if i < 20 else t) for i, t in enumerate(texts)]
+    bad_ids = [([i, 9, 2, 3] if i < 20 else x) for i, x in enumerate(ids)]
+    base, cand = _arms(bad_texts, bad_ids)
+    base, _ = _arms(texts, ids)
+    res = analyse(items, base, cand, pol, clfs, ["i0"])
+    assert res["verdict"] == "FAIL"
+    failed = set(res["failed"])
+    assert {"pass_rate_overall", "pass_rate_per_task", "exact_match"} <= failed
+    assert res["exact_match"]["candidate"]["first_divergence"] == [1] * 20
+    res["meta"] = {"baseline": {"spec": "none"}, "candidate": {"spec": "x"}, "eval_set_name": "e",
+                   "model_name": "m", "dtype": "float32", "alpha": 0.05, "wall_s": 1.0}
+    paths = write_report(res, {}, tmp_path / "rep")
+    html = paths["html"].read_text()
+    assert "FAIL" in html and html.count("data:image/png;base64,") == 4
+    md = markdown_summary(res)
+    assert "**FAIL**" in md and "| exact_match |" in md and len(md) < 65536
+    assert json.loads(paths["json"].read_text())["verdict"] == "FAIL"
+
+
+def test_latency_alone_never_clears_the_gate() -> None:
+    pol = load_policy()
+    pol["criteria"]["latency"]["required"] = True
+    texts = ["ok\n" if i % 2 == 0 else "no\n" for i in range(40)]
+    bad = ["no\n"] * 40
+    base, _ = _arms(texts, [[i, 1, 2, 3] for i in range(40)])
+    _, cand = _arms(bad, [[i, 1, 2, 3] for i in range(40)])
+    # the candidate is much faster (shorter TPOT) but worse
+    for r in cand.sequential.records:
+        r.tpot_s = 0.0001
+    res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0", "i1"])
+    lat = next(c for c in res["criteria"] if c["name"] == "latency")
+    assert lat["passed"] is True and res["verdict"] == "FAIL"
+
+
+# ---------------------------------------------------------------- CLI usage errors (exit 2)
+@pytest.mark.parametrize("args, words", [
+    (["--candidate", "bogus"], "unknown decoder kind"),
+    (["--eval-set", "/nonexistent.jsonl"], "does not exist"),
+    (["--policy", "/nonexistent.yaml"], "does not exist"),
+    (["--model", "/nonexistent-model", "--candidate", "ngram:k=4"], "does not exist"),
+])
+def test_cli_usage_errors(args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gate_main(args) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        gate_main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--candidate" in out and "custom:pkg.module.Class" in out

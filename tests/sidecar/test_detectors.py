@@ -1,0 +1,114 @@
+"""Unit tests of the detectors: calibration (false-alarm rate on null data within budget) and power."""
+
+import numpy as np
+import pytest
+
+from quality_sidecar.detectors import (
+    BernoulliCUSUM,
+    GaussianCUSUM,
+    PairedExactMatch,
+    first_divergence,
+    holm,
+    length_test,
+    linear_mmd_test,
+    mcnemar_test,
+    rate_test,
+    text_mmd_test,
+)
+from quality_sidecar.detectors.cusum import lindley
+
+pytestmark = pytest.mark.unit
+
+
+def test_lindley_matches_the_recursion():
+    rng = np.random.default_rng(0)
+    x = rng.normal(-0.1, 1, 500)
+    s, ref = 3.0, []
+    for v in x:
+        s = max(0.0, s + v)
+        ref.append(s)
+    assert np.allclose(lindley(x, 3.0), ref)
+
+
+@pytest.mark.parametrize("p0", [0.005, 0.03])
+def test_bernoulli_cusum_false_alarm_rate_within_budget(p0):
+    ert = 20_000
+    c = BernoulliCUSUM("r", ert=ert, p0=p0, restart_after_alarm=True)
+    n = 2_000_000
+    c.update(np.random.default_rng(1).random(n) < p0)
+    expected = n / ert
+    # Within a factor 2 of the budget (simulation + extrapolation error), never far above it.
+    assert c.alarms_ <= 2 * expected, (c.alarms_, expected)
+    assert c.alarms_ >= expected / 4, "threshold far too conservative: calibration broken"
+
+
+def test_gaussian_cusum_false_alarm_rate_and_power():
+    rng = np.random.default_rng(2)
+    ert = 20_000
+    g = GaussianCUSUM("acc", ert=ert, direction="down", shift=0.5, restart_after_alarm=True).fit(rng.beta(6, 4, 5000))
+    g.update(rng.beta(6, 4, 1_000_000))
+    assert g.alarms_ <= 2 * 1_000_000 / ert
+    g2 = GaussianCUSUM("acc", ert=1e6, direction="down").fit(rng.beta(6, 4, 2000))
+    r = g2.update(rng.beta(6, 4, 3000) * 0.8)
+    assert r.alarm and r.alarm_index < 300
+
+
+def test_bernoulli_cusum_detects_a_rate_increase_and_latches():
+    rng = np.random.default_rng(3)
+    c = BernoulliCUSUM("refusal", ert=1e6, delta=0.02).fit(rng.random(2000) < 0.005)
+    r = c.update(rng.random(4000) < 0.045)
+    assert r.alarm and r.alarm_new and r.alarm_index < 1500
+    r2 = c.update(rng.random(10) < 0.0)
+    assert r2.alarm and not r2.alarm_new
+
+
+def test_two_sample_tests_are_calibrated_under_the_null():
+    rng = np.random.default_rng(4)
+    ps = []
+    for _ in range(200):
+        a = rng.lognormal(4.5, 0.6, 300).astype(int)
+        b = rng.lognormal(4.5, 0.6, 300).astype(int)
+        ps.append(length_test(a, b).pvalue)
+    assert np.mean(np.array(ps) < 0.05) <= 0.09
+    shifted = length_test(rng.lognormal(4.5, 0.6, 500).astype(int), (rng.lognormal(4.5, 0.6, 500) * 1.25).astype(int))
+    assert shifted.pvalue < 1e-3
+    fisher_null = [rate_test(rng.random(500) < 0.02, rng.random(500) < 0.02).pvalue for _ in range(200)]
+    assert np.mean(np.array(fisher_null) < 0.05) <= 0.07
+
+
+def test_text_mmd_tests():
+    rng = np.random.default_rng(5)
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+
+    def texts(n, ws):
+        return [" ".join(rng.choice(ws, 12)) for _ in range(n)]
+
+    null = text_mmd_test(texts(80, words), texts(80, words), n_permutations=100)
+    alt = text_mmd_test(texts(80, words), texts(80, words[:4] + ["loop"] * 4), n_permutations=100)
+    assert null.pvalue > 0.01 and alt.pvalue <= 0.02
+    lin_null = [linear_mmd_test(texts(200, words), texts(200, words)).pvalue for _ in range(15)]
+    assert np.mean(np.array(lin_null) < 0.05) <= 0.2
+    assert linear_mmd_test(texts(400, words), texts(400, ["loop", "loop", "x"])).pvalue < 1e-4
+
+
+def test_holm_and_mcnemar():
+    assert np.allclose(holm([0.01, 0.04, 0.03]), [0.03, 0.06, 0.06])
+    base = np.ones(200, bool)
+    new = base.copy()
+    new[:12] = False
+    assert mcnemar_test(base, new).pvalue < 0.001
+    assert mcnemar_test(base, base).pvalue == 1.0
+
+
+def test_paired_exact_match_against_aa_rate():
+    rng = np.random.default_rng(6)
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    det = PairedExactMatch(ert=1e6, aa_rate=0.002).fit()
+    ids = [list(rng.integers(0, 4096, 50)) for _ in range(3000)]
+    r = det.update([(x, x) for x in ids])
+    assert not r.alarm and det.exact_match_rate == 1.0
+    corrupt = [(x[:10] + [x[10] + 1] + x[11:], x) if rng.random() < 0.03 else (x, x) for x in ids]
+    r = det.update(corrupt)
+    assert r.alarm and r.extra["top_divergence_positions"][0][0] == 10

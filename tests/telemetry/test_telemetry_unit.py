@@ -1,0 +1,203 @@
+"""Pure-Python parts of the telemetry: configuration, sampling decision, sample record, bounded queue."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from telemetry_support import Spec, make_request
+
+from quality_sidecar.schema import validate_sample, validation_errors
+from vllm_lookahead.telemetry.config import TelemetryConfig, parse_sink
+from vllm_lookahead.telemetry.frontend import install_if_configured, is_frontend_process
+from vllm_lookahead.telemetry.record import build_sample, prompt_sha256, spec_summary
+from vllm_lookahead.telemetry.sampler import Sampler, sample_fraction, should_sample
+from vllm_lookahead.telemetry.sinks import FileSink, Sink
+
+pytestmark = pytest.mark.unit
+
+
+def test_config_defaults_and_errors():
+    cfg = TelemetryConfig.from_env({})
+    assert not cfg.enabled and cfg.sample_rate == 0.01 and cfg.sink.kind == "file"
+    assert cfg.sink.path == "./lookahead-samples.jsonl"
+    on = TelemetryConfig.from_env({"VLLM_LOOKAHEAD_TELEMETRY": "1", "VLLM_LOOKAHEAD_SAMPLE_RATE": "0.5",
+                                   "VLLM_LOOKAHEAD_ARM": "candidate",
+                                   "VLLM_LOOKAHEAD_KAFKA_SECURITY_PROTOCOL": "sasl_ssl",
+                                   "VLLM_LOOKAHEAD_KAFKA_SASL_MECHANISM": "PLAIN",
+                                   "VLLM_LOOKAHEAD_KAFKA_SASL_USERNAME": "u",
+                                   "VLLM_LOOKAHEAD_KAFKA_SASL_PASSWORD": "s3cr3t-pw"})
+    assert on.enabled and on.sample_rate == 0.5 and on.arm == "candidate"
+    kw = on.kafka_auth.producer_kwargs()
+    assert kw == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                  "sasl_plain_username": "u", "sasl_plain_password": "s3cr3t-pw"}
+    assert "s3cr3t-pw" not in repr(on.kafka_auth)  # the password never lands in logs
+    for env, var in (({"VLLM_LOOKAHEAD_SAMPLE_RATE": "2"}, "SAMPLE_RATE"),
+                     ({"VLLM_LOOKAHEAD_SAMPLE_RATE": "lots"}, "SAMPLE_RATE"),
+                     ({"VLLM_LOOKAHEAD_ARM": "blue"}, "ARM"),
+                     ({"VLLM_LOOKAHEAD_TELEMETRY": "maybe"}, "TELEMETRY"),
+                     ({"VLLM_LOOKAHEAD_KAFKA_SECURITY_PROTOCOL": "TLS"}, "SECURITY_PROTOCOL"),
+                     ({"VLLM_LOOKAHEAD_SAMPLE_SINK": "redis://x/y"}, "SAMPLE_SINK")):
+        with pytest.raises(ValueError, match=var):
+            TelemetryConfig.from_env(env)
+
+
+def test_parse_sink():
+    k = parse_sink("kafka://a:9092,b:9093/llm-samples")
+    assert (k.kind, k.bootstrap, k.topic) == ("kafka", ("a:9092", "b:9093"), "llm-samples")
+    assert parse_sink("file:///var/log/s.jsonl").path == "/var/log/s.jsonl"
+    for bad in ("kafka://a:9092", "kafka://a/topic", "kafka:///topic", "file://", "file:///dir/"):
+        with pytest.raises(ValueError, match="VLLM_LOOKAHEAD_SAMPLE_SINK"):
+            parse_sink(bad)
+
+
+def test_sampling_decision_is_deterministic_and_close_to_rate():
+    ids = [f"cmpl-{i}" for i in range(20000)]
+    first = [should_sample(r, 0.1) for r in ids]
+    assert first == [should_sample(r, 0.1) for r in ids]  # same id, same answer
+    frac = sum(first) / len(ids)
+    assert 0.09 < frac < 0.11, frac  # binomial sd is 0.002: a 5-sd band
+    assert not any(should_sample(r, 0.0) for r in ids[:100])
+    assert all(should_sample(r, 1.0) for r in ids[:100])
+    # lower rates sample subsets of higher rates (one threshold on one hash)
+    assert all(should_sample(r, 0.2) for r, s in zip(ids, first) if s)
+    assert should_sample("x", 0.0, is_error=True)
+    assert not should_sample("x", 0.0, is_error=True, sample_errors=False)
+    assert 0.0 <= sample_fraction("anything") < 1.0
+
+
+def test_sample_validates_and_carries_what_the_sidecar_needs():
+    req = make_request()
+    sample = build_sample(req, arm="candidate", release="r7", instance="pod-1", redact_prompts=False)
+    validate_sample(sample)
+    assert sample["request_id"] == "cmpl-1"
+    assert sample["trace_id"] == f"{0x1234:032x}" and sample["span_id"] == f"{0x99:016x}"
+    assert sample["deployment"] == {"arm": "candidate", "release": "r7", "instance": "pod-1"}
+    assert sample["decoder"]["params"] == {"k": 4, "window": 5, "ngram": 3, "pool_size": 8}
+    assert sample["prompt"]["text"] == "def add(a, b):" and sample["prompt_token_ids"] == [1, 2, 3]
+    assert sample["output"]["token_ids"] == [4, 5, 6, 7] and sample["output"]["finish_reason"] == "stop"
+    t = sample["time"]
+    assert t["ttft_s"] == pytest.approx(0.25) and t["e2e_s"] == pytest.approx(1.5)
+    assert t["tpot_s"] == pytest.approx((1.5 - 0.25) / 3)
+
+
+def test_redaction_keeps_hash_drops_text():
+    req = make_request()
+    s = build_sample(req, arm="unknown", release=None, instance=None, redact_prompts=True)
+    validate_sample(s)
+    assert s["prompt"]["text"] is None and s["prompt"]["redacted"] is True
+    assert s["prompt_token_ids"] is None
+    assert s["prompt"]["sha256"] == prompt_sha256("def add(a, b):", None)
+    assert "def add" not in str(s)
+
+
+def test_spec_summary_matches_vllm_definitions():
+    # histogram[j] = steps that accepted j drafts: 1x0 + 0x1 + 2x2 + 1x3 = 7 accepted in 4 steps
+    s = spec_summary(Spec([1, 0, 2, 1], 12))
+    assert s["num_accepted_tokens"] == 7 and s["steps"] == 4 and s["num_draft_tokens"] == 12
+    assert s["acceptance_rate"] == pytest.approx(7 / 12)
+    assert s["mean_accepted_length"] == pytest.approx(1 + 7 / 4)
+    assert spec_summary(None) is None
+    assert spec_summary(Spec([0, 0], 0))["acceptance_rate"] is None
+
+
+def test_invalid_sample_is_dropped_and_counted(tmp_path):
+    cfg = TelemetryConfig.from_env({"VLLM_LOOKAHEAD_SAMPLE_RATE": "1"})
+    sink = FileSink(str(tmp_path / "s.jsonl"), None)
+    sampler = Sampler(cfg, sink=sink, register_atexit=False)
+    sink.stats = sampler.stats
+    bad = make_request("bad", sampling={"temperature": -1.0})  # negative temperature: schema says no
+    assert validation_errors(build_sample(bad, arm="unknown", release=None, instance=None,
+                                          redact_prompts=False))
+    sampler.offer(bad)
+    sampler.offer(make_request("good"))
+    sampler.shutdown(5)
+    lines = (tmp_path / "s.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and '"request_id":"good"' in lines[0]
+    assert sampler.stats.dropped["invalid"] == 1 and sampler.stats.sent == 1
+
+
+class _BlockedSink(Sink):
+    """Fault injection: a sink that hangs (what a stuck network write looks like to the thread)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.sent = 0
+
+    def send(self, key, value):
+        self.release.wait(30)
+        self.sent += 1
+
+    def close(self, timeout_s):
+        pass
+
+
+def test_full_queue_drops_and_counts_without_waiting():
+    cfg = TelemetryConfig.from_env({"VLLM_LOOKAHEAD_SAMPLE_RATE": "1", "VLLM_LOOKAHEAD_QUEUE_SIZE": "8"})
+    sink = _BlockedSink()
+    sampler = Sampler(cfg, sink=sink, register_atexit=False)
+    start = time.perf_counter()
+    for i in range(200):
+        assert sampler.offer(make_request(f"r{i}")) is True
+    elapsed = time.perf_counter() - start
+    s = sampler.stats
+    assert s.sampled == 200
+    # at most the queue plus the one item the blocked thread holds got through
+    assert s.dropped["queue_full"] >= 200 - 9
+    assert elapsed < 1.0  # generous: 200 offers into a hung sink must not wait for it
+    sink.release.set()
+    sampler.shutdown(5)
+    assert sink.sent + s.dropped["queue_full"] + s.dropped["shutdown"] == 200
+
+
+def test_frontend_only_in_frontend_processes(monkeypatch):
+    assert is_frontend_process("MainProcess") and is_frontend_process("ApiServer_0")
+    for name in ("EngineCore", "EngineCore_DP1", "VllmWorker-0"):
+        assert not is_frontend_process(name)
+    monkeypatch.delenv("VLLM_LOOKAHEAD_TELEMETRY", raising=False)
+    assert install_if_configured() is None  # off by default: installing the package changes nothing
+    assert install_if_configured({"VLLM_LOOKAHEAD_TELEMETRY": "0"}) is None
+
+
+def test_fast_check_agrees_with_the_schema_on_token_arrays():
+    from vllm_lookahead.telemetry.sampler import sample_errors
+
+    good = build_sample(make_request(), arm="unknown", release=None, instance=None, redact_prompts=False)
+    assert sample_errors(good) == [] == validation_errors(good)
+    for field in ("prompt", "output"):
+        bad = build_sample(make_request(), arm="unknown", release=None, instance=None,
+                           redact_prompts=False)
+        if field == "prompt":
+            bad["prompt_token_ids"][1] = -5
+        else:
+            bad["output"]["token_ids"][0] = "7"
+        assert validation_errors(bad) and sample_errors(bad)  # both reject it
+
+
+def test_sampler_thread_is_recreated_after_fork(tmp_path):
+    import os
+
+    path = tmp_path / "s.jsonl"
+    cfg = TelemetryConfig.from_env({"VLLM_LOOKAHEAD_SAMPLE_RATE": "1",
+                                    "VLLM_LOOKAHEAD_SAMPLE_SINK": f"file://{path}"})
+    sampler = Sampler(cfg, register_atexit=False)
+    sampler.offer(make_request("parent-1"))  # starts the thread in the parent
+    deadline = time.time() + 10
+    while sampler.stats.sent < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    pid = os.fork()
+    if pid == 0:  # child: threads did not survive the fork; the first offer must start a new one
+        code = 1
+        try:
+            sampler.offer(make_request("child-1"))
+            sampler.shutdown(5)
+            code = 0 if sampler.stats.sent == 2 else 3  # parent's count (1) was inherited
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    sampler.shutdown(5)
+    ids = sorted(json.loads(line)["request_id"] for line in path.read_text().splitlines())
+    assert ids == ["child-1", "parent-1"]

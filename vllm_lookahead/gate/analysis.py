@@ -1,0 +1,257 @@
+"""Turn the runs into measurements and a verdict.
+
+Inputs: the eval items, the baseline arm (greedy batch, one-at-a-time A/A partner, optional T>0
+samples) and the candidate arm (greedy batch, one-at-a-time latency subset, optional samples).
+Output: one JSON-friendly dict (``criteria`` + ``verdict`` + every measurement behind them) that the
+report module renders.  Behavioural guards come from ``quality_sidecar.classifiers`` (shared with the
+sidecar, never copied here).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from vllm_lookahead.gate import stats
+from vllm_lookahead.gate.checkers import check
+from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunResult
+from vllm_lookahead.gate.evalset import EvalItem
+
+
+def _classifier_text(item: EvalItem, text: str) -> str:
+    """JSON items open the literal in the prompt: judge the literal, not its tail."""
+    return item.checker.get("prefix", "") + text if item.checker["type"] == "json_schema" else text
+
+
+def load_classifiers(names: list[str]) -> list[Any]:
+    """The sidecar's classifiers named in the policy (ImportError tells what is missing)."""
+    from quality_sidecar.classifiers import default_classifiers
+
+    have = {c.name: c for c in default_classifiers()}
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise ValueError(f"policy names unknown classifier(s) {missing}; quality_sidecar has {sorted(have)}")
+    return [have[n] for n in names]
+
+
+def _score(items: dict[str, EvalItem], run: RunResult, classifiers: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for r in run.records:
+        it = items[r.item_id]
+        res = check(it.prompt, r.text, it.checker)
+        flags = {}
+        for clf in classifiers:
+            v = clf.classify(_classifier_text(it, r.text), prompt=it.prompt,
+                             response_format=it.response_format, finish_reason=r.finish_reason)
+            flags[clf.name] = bool(v.flagged)
+        out.append({"item_id": r.item_id, "sample": r.sample, "task": it.task, "passed": res.passed,
+                    "detail": res.detail, "flags": flags, "n_tokens": len(r.token_ids),
+                    "finish_reason": r.finish_reason})
+    return out
+
+
+def latency_summary(greedy: RunResult, seq: RunResult | None, seq_ids: list[str]) -> dict[str, Any]:
+    """Throughput, TTFT, TPOT and spec-decode efficiency of one arm."""
+    recs = greedy.records
+    gen = sum(len(r.token_ids) for r in recs)
+    out: dict[str, Any] = {"batch_tokens": gen, "batch_wall_s": greedy.wall_s,
+                           "batch_tokens_per_s": gen / greedy.wall_s if greedy.wall_s > 0 else None}
+    seq_recs: list[RequestRecord] = []
+    if seq is not None:
+        keep = set(seq_ids)
+        seq_recs = [r for r in seq.records if r.item_id in keep]
+        sgen = sum(len(r.token_ids) for r in seq_recs)
+        lat = [(r.ttft_s or 0) + (r.tpot_s or 0) * max(0, len(r.token_ids) - 1) for r in seq_recs]
+        out["seq_items"] = len(seq_recs)
+        out["seq_tokens_per_s"] = sgen / sum(lat) if sum(lat) > 0 else None
+    view = seq_recs or recs
+    out["latency_view"] = "batch 1 (one at a time)" if seq_recs else "batched"
+    out["ttft_s"] = stats.quantiles([r.ttft_s for r in view])
+    out["tpot_s"] = stats.quantiles([r.tpot_s for r in view])
+    out["ttft_samples_s"] = [r.ttft_s for r in view if r.ttft_s is not None]
+    out["tpot_samples_s"] = [r.tpot_s for r in view if r.tpot_s is not None]
+    drafted = sum(r.drafted for r in recs)
+    accepted = sum(r.accepted for r in recs)
+    steps = sum(r.steps for r in recs)
+    out["drafted_tokens"] = drafted
+    out["accepted_tokens"] = accepted
+    out["acceptance_rate"] = accepted / drafted if drafted else None
+    out["compression"] = gen / steps if steps else None  # generated tokens per engine step
+    k = max([len(r.per_step_drafted) and max(r.per_step_drafted) for r in recs] + [0])
+    per_pos = []
+    for p in range(1, k + 1):
+        d = sum(sum(1 for x in r.per_step_drafted if x >= p) for r in recs)
+        a = sum(sum(1 for x in r.per_step_accepted if x >= p) for r in recs)
+        per_pos.append({"position": p, "drafted": d, "accepted": a, "rate": a / d if d else None})
+    out["acceptance_per_position"] = per_pos
+    out["engine_counters"] = greedy.engine_counters  # vLLM's own vllm:spec_decode_* deltas, a cross-check
+    return out
+
+
+def _exact(base: RunResult, other: RunResult) -> dict[str, Any]:
+    b, o = base.by_item(), other.by_item()
+    divs = {i: stats.first_divergence(b[i].token_ids, o[i].token_ids) for i in b if i in o}
+    positions = [d for d in divs.values() if d is not None]
+    return {"n": len(divs), "mismatches": len(positions), "match_rate": 1 - len(positions) / max(1, len(divs)),
+            "first_divergence": positions, "diverged_items": sorted(i for i, d in divs.items() if d is not None)}
+
+
+def _crit(name: str, measured: Any, threshold: str, passed: bool | None, required: bool,
+          detail: str = "") -> dict[str, Any]:
+    return {"name": name, "measured": measured, "threshold": threshold, "passed": passed,
+            "required": required, "detail": detail}
+
+
+def _sampled(items: dict[str, EvalItem], b: list[dict], c: list[dict], pol: dict[str, Any],
+             method: str, names: list[str]) -> dict[str, Any]:
+    tests: dict[str, float] = {}
+    bl = [x["n_tokens"] for x in b]
+    cl = [x["n_tokens"] for x in c]
+    tests["length_ks"] = stats.ks_p(bl, cl)
+    bs = sum(x["finish_reason"] == "stop" for x in b)
+    cs = sum(x["finish_reason"] == "stop" for x in c)
+    tests["stop_rate_fisher"] = stats.fisher_two_sided_p(cs, len(c), bs, len(b))
+    bp = sum(x["passed"] for x in b)
+    cp = sum(x["passed"] for x in c)
+    tests["pass_rate_fisher"] = stats.fisher_two_sided_p(cp, len(c), bp, len(b))
+    rates = {"pass_rate": {"baseline": bp / max(1, len(b)), "candidate": cp / max(1, len(c))},
+             "stop_rate": {"baseline": bs / max(1, len(b)), "candidate": cs / max(1, len(c))},
+             "mean_length": {"baseline": float(np.mean(bl)) if bl else None,
+                             "candidate": float(np.mean(cl)) if cl else None}}
+    for n in names:
+        kb = sum(x["flags"].get(n, False) for x in b)
+        kc = sum(x["flags"].get(n, False) for x in c)
+        tests[f"{n}_rate_fisher"] = stats.fisher_two_sided_p(kc, len(c), kb, len(b))
+        rates[f"{n}_rate"] = {"baseline": kb / max(1, len(b)), "candidate": kc / max(1, len(c))}
+    adj = stats.adjust_pvalues(list(tests.values()), method)
+    return {"n_baseline": len(b), "n_candidate": len(c), "temperature": pol["temperature"],
+            "p_values": tests, "p_adjusted": dict(zip(tests, adj)), "rates": rates}
+
+
+def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[str, Any],
+            classifiers: list[Any], latency_ids: list[str]) -> dict[str, Any]:
+    """All measurements, every criterion with value / threshold / pass, and the verdict."""
+    alpha = policy["alpha"]
+    method = policy["multiple_testing"]
+    boot = policy["bootstrap"]
+    crit_pol = policy["criteria"]
+    by_id = {it.id: it for it in items}
+    names = [c.name for c in classifiers]
+    bsc = {x["item_id"]: x for x in _score(by_id, base.greedy, classifiers)}
+    csc = {x["item_id"]: x for x in _score(by_id, cand.greedy, classifiers)}
+    ids = [it.id for it in items]
+    bpass = [bsc[i]["passed"] for i in ids]
+    cpass = [csc[i]["passed"] for i in ids]
+    overall = stats.paired_rates(bpass, cpass, resamples=boot["resamples"], confidence=boot["confidence"],
+                                 seed=boot["seed"])
+    tasks = sorted({it.task for it in items})
+    per_task = []
+    for t in tasks:
+        sel = [k for k, i in enumerate(ids) if by_id[i].task == t]
+        pr = stats.paired_rates([bpass[k] for k in sel], [cpass[k] for k in sel],
+                                resamples=boot["resamples"], confidence=boot["confidence"], seed=boot["seed"])
+        per_task.append({"task": t, **asdict(pr)})
+    for row, padj in zip(per_task, stats.adjust_pvalues([r["p_value"] for r in per_task], method)):
+        row["p_adjusted"] = padj
+
+    cand_exact = _exact(base.greedy, cand.greedy)
+    aa_exact = _exact(base.greedy, base.sequential) if base.sequential else None
+    n = cand_exact["n"]
+    aa_mm = aa_exact["mismatches"] if aa_exact else 0
+    aa_n = aa_exact["n"] if aa_exact else n
+    excess = cand_exact["mismatches"] / max(1, n) - aa_mm / max(1, aa_n)
+    p_exact = stats.fisher_greater_p(cand_exact["mismatches"], n, aa_mm, aa_n)
+
+    behaviour = []
+    for name in names:
+        bf = [bsc[i]["flags"][name] for i in ids]
+        cf = [csc[i]["flags"][name] for i in ids]
+        pr = stats.paired_rates(bf, cf, resamples=boot["resamples"], confidence=boot["confidence"], seed=boot["seed"])
+        behaviour.append({"classifier": name, **asdict(pr)})
+    for row, padj in zip(behaviour, stats.adjust_pvalues([r["p_value"] for r in behaviour], method)):
+        row["p_adjusted"] = padj
+
+    sampled = None
+    if base.sampled is not None and cand.sampled is not None:
+        sampled = _sampled(by_id, _score(by_id, base.sampled, classifiers), _score(by_id, cand.sampled, classifiers),
+                           crit_pol["sampled"], method, names)
+
+    lat_b = latency_summary(base.greedy, base.sequential, latency_ids)
+    lat_c = latency_summary(cand.greedy, cand.sequential, latency_ids)
+
+    criteria = []
+    c = crit_pol["pass_rate_overall"]
+    sig = overall.p_value < alpha and overall.delta < 0
+    criteria.append(_crit(
+        "pass_rate_overall", round(overall.delta, 4), f"delta >= -{c['max_drop']} and no significant drop (p < {alpha})",
+        not (overall.delta < -c["max_drop"] or sig), True,
+        f"baseline {overall.base_rate:.3f} -> candidate {overall.cand_rate:.3f}, "
+        f"{overall.n10} regressions / {overall.n01} improvements, McNemar p={overall.p_value:.3g}, "
+        f"{int(boot['confidence'] * 100)}% CI [{overall.ci_low:+.3f}, {overall.ci_high:+.3f}]"))
+    c = crit_pol["pass_rate_per_task"]
+    bad = [r for r in per_task if r["delta"] < -c["max_drop"] or (r["p_adjusted"] < alpha and r["delta"] < 0)]
+    worst = min(per_task, key=lambda r: r["delta"])
+    criteria.append(_crit(
+        "pass_rate_per_task", round(worst["delta"], 4),
+        f"every task: delta >= -{c['max_drop']} and no significant drop ({method}-adjusted p < {alpha})",
+        not bad, True, f"worst task {worst['task']} ({worst['delta']:+.3f}); failing: "
+        f"{', '.join(r['task'] for r in bad) or 'none'}"))
+    c = crit_pol["exact_match"]
+    criteria.append(_crit(
+        "exact_match", round(excess, 4),
+        f"mismatch(candidate) - mismatch(A/A) <= {c['max_excess_mismatch']} and not significantly higher (p < {alpha})",
+        excess <= c["max_excess_mismatch"] and not (p_exact < alpha), True,
+        f"T=0 token match vs baseline {cand_exact['match_rate']:.3f} ({cand_exact['mismatches']}/{n} differ); "
+        f"A/A {1 - aa_mm / max(1, aa_n):.3f} ({aa_mm}/{aa_n} differ); one-sided Fisher p={p_exact:.3g}"))
+    c = crit_pol["behaviour"]
+    bad_b = [r for r in behaviour if r["delta"] > c["max_increase"] or (r["p_adjusted"] < alpha and r["delta"] > 0)]
+    worst_b = max(behaviour, key=lambda r: r["delta"]) if behaviour else None
+    criteria.append(_crit(
+        "behaviour", round(worst_b["delta"], 4) if worst_b else 0.0,
+        f"every classifier: flag-rate increase <= {c['max_increase']} and not significant",
+        not bad_b, True, "; ".join(f"{r['classifier']} {r['base_rate']:.3f}->{r['cand_rate']:.3f}" for r in behaviour)))
+    c = crit_pol["sampled"]
+    if sampled is None:
+        criteria.append(_crit("sampled", None, "T>0 run switched off (samples_per_item: 0)", None, False))
+    else:
+        minp = min(sampled["p_adjusted"].values())
+        criteria.append(_crit(
+            "sampled", round(minp, 4), f"every T>0 feature: {method}-adjusted p >= {c['alpha']}",
+            minp >= c["alpha"], bool(c["required"]),
+            f"T={c['temperature']}, {sampled['n_candidate']} samples/arm; " +
+            ", ".join(f"{k} p={v:.3g}" for k, v in sampled["p_adjusted"].items())))
+    c = crit_pol["latency"]
+    bt, ct = lat_b.get("seq_tokens_per_s"), lat_c.get("seq_tokens_per_s")
+    speedup = ct / bt if bt and ct else None
+    criteria.append(_crit(
+        "latency", round(speedup, 3) if speedup else None, f"speedup (tokens/s at batch 1) >= {c['min_speedup']}",
+        (speedup >= c["min_speedup"]) if speedup else None, bool(c["required"]),
+        f"baseline {bt or 0:.1f} tok/s, candidate {ct or 0:.1f} tok/s; compression {lat_c['compression'] or 1:.2f} "
+        f"tokens/step, acceptance {lat_c['acceptance_rate'] if lat_c['acceptance_rate'] is not None else float('nan'):.3f}"))
+
+    failed = [x["name"] for x in criteria if x["required"] and x["passed"] is not True]
+    # a required criterion that could not be measured (None) fails the gate too
+    verdict = "FAIL" if failed else "PASS"
+    p_disc = (overall.n10 + overall.n01) / max(1, overall.n)
+    return {
+        "verdict": verdict, "failed": failed, "criteria": criteria,
+        "n_items": len(items), "tasks": tasks,
+        "pass_rate": {"overall": asdict(overall), "per_task": per_task},
+        "exact_match": {"candidate": cand_exact, "aa": aa_exact, "excess_mismatch": excess, "p_value": p_exact},
+        "behaviour": behaviour, "sampled": sampled,
+        "latency": {"baseline": lat_b, "candidate": lat_c, "speedup_batch1": speedup},
+        "mde": {"observed_discordance": p_disc,
+                "pass_rate_delta_at_80pct_power": stats.mcnemar_mde(len(items), max(p_disc, 1 / len(items)), alpha=alpha)},
+        "items": [{"id": i, "task": by_id[i].task, "baseline_passed": bsc[i]["passed"],
+                   "candidate_passed": csc[i]["passed"], "baseline_detail": bsc[i]["detail"],
+                   "candidate_detail": csc[i]["detail"], "baseline_flags": bsc[i]["flags"],
+                   "candidate_flags": csc[i]["flags"],
+                   "first_divergence": stats.first_divergence(base.greedy.by_item()[i].token_ids,
+                                                              cand.greedy.by_item()[i].token_ids)}
+                  for i in ids],
+        "flag_counts": {"baseline": dict(Counter(n for x in bsc.values() for n, f in x["flags"].items() if f)),
+                        "candidate": dict(Counter(n for x in csc.values() for n, f in x["flags"].items() if f))},
+    }

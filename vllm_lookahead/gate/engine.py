@@ -1,0 +1,214 @@
+"""Drive vLLM for the gate: one engine per decoder, in-process, greedy and seeded-sampled runs.
+
+Why in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``): the
+engine starts faster, and fault-injection proposers can patch the worker because it is this process.
+Why one engine at a time: two CPU engines double memory and fight for two cores; each run creates,
+uses and shuts down its engine before the next one starts.
+
+Records per request: output ids and text, finish reason, TTFT and time per output token (from
+``RequestOutput.metrics``), and speculative-decoding counters (``per_request_spec_decode_metrics=
+"detailed"``: drafted/accepted tokens and per-step counts, hence steps, compression and acceptance
+per draft position).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from vllm_lookahead.gate.evalset import EvalItem
+from vllm_lookahead.gate.spec import DecoderSpec
+
+
+@dataclass
+class RequestRecord:
+    """One finished request (one item, one sample)."""
+
+    item_id: str
+    sample: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    num_prompt_tokens: int
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    per_step_drafted: list[int] = field(default_factory=list)
+    per_step_accepted: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    """All requests of one pass over the eval set with one decoder and one submission mode."""
+
+    name: str
+    decoder: dict[str, Any]
+    mode: str  # "batch" (all prompts at once) or "sequential" (one at a time)
+    temperature: float
+    seed: int
+    wall_s: float
+    records: list[RequestRecord]
+    engine_counters: dict[str, Any] = field(default_factory=dict)
+
+    def by_item(self, sample: int = 0) -> dict[str, RequestRecord]:
+        return {r.item_id: r for r in self.records if r.sample == sample}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Engine settings shared by baseline and candidate (only the decoder differs)."""
+
+    model: str
+    dtype: str = "float32"
+    seed: int = 0
+    max_model_len: int | None = None
+    default_max_tokens: int = 48
+    kv_cache_gib: str = "1"
+
+
+def _record(item_id: str, sample: int, out: Any) -> RequestRecord:
+    c = out.outputs[0]
+    rec = RequestRecord(item_id, sample, list(c.token_ids), c.text, c.finish_reason,
+                        len(out.prompt_token_ids or []))
+    m = getattr(out, "metrics", None)
+    n = len(rec.token_ids)
+    if m is not None and getattr(m, "first_token_ts", 0):
+        rec.ttft_s = float(m.first_token_latency)
+        if n > 1 and m.last_token_ts >= m.first_token_ts:
+            rec.tpot_s = float(m.last_token_ts - m.first_token_ts) / (n - 1)
+    sd = getattr(c, "spec_decode_metrics", None)
+    if sd is not None:
+        rec.drafted = int(sd.num_draft_tokens)
+        rec.accepted = int(sum(j * h for j, h in enumerate(sd.histogram)))
+        rec.per_step_drafted = [int(x) for x in sd.per_step_drafted]
+        rec.per_step_accepted = [int(x) for x in sd.per_step_accepted]
+    # every engine step emits one token plus the accepted drafts of that step
+    rec.steps = max(0, n - rec.accepted)
+    return rec
+
+
+class GateEngine:
+    """Context manager around one ``vllm.LLM`` with one decoder; shuts the engine down on exit."""
+
+    def __init__(self, opts: EngineOptions, spec: DecoderSpec):
+        self.opts, self.spec = opts, spec
+        self.llm: Any = None
+
+    def __enter__(self) -> GateEngine:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", self.opts.kv_cache_gib)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=str(self.opts.model), dtype=self.opts.dtype, seed=self.opts.seed,
+            distributed_executor_backend="uni", enable_prefix_caching=False, disable_log_stats=False,
+            **self.spec.engine_kwargs())
+        if self.opts.max_model_len:
+            kwargs["max_model_len"] = self.opts.max_model_len
+        if self.spec.speculative:
+            kwargs["per_request_spec_decode_metrics"] = "detailed"
+        self.llm = LLM(**kwargs)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            with contextlib.suppress(Exception):  # best effort; the engine may already be down
+                llm.llm_engine.engine_core.shutdown()
+            del llm
+        gc.collect()
+
+    def spec_counters(self) -> dict[str, Any]:
+        """vLLM's aggregate spec-decode counters (Prometheus ``vllm:spec_decode_*``), cumulative."""
+        out: dict[str, Any] = {}
+        try:
+            metrics = self.llm.get_metrics()
+        except Exception:  # noqa: BLE001 - counters are a cross-check, never a reason to fail a run
+            return out
+        for m in metrics:
+            if m.name.startswith("vllm:spec_decode_"):
+                key = m.name.removeprefix("vllm:spec_decode_")
+                out[key] = list(m.values) if hasattr(m, "values") else m.value
+        return out
+
+    def _delta(self, before: dict[str, Any]) -> dict[str, Any]:
+        after = self.spec_counters()
+        out: dict[str, Any] = {}
+        for k, v in after.items():
+            b = before.get(k)
+            if isinstance(v, list):
+                out[k] = [x - (b[i] if b and i < len(b) else 0) for i, x in enumerate(v)]
+            else:
+                out[k] = v - (b or 0)
+        return out
+
+    def _params(self, item: EvalItem, temperature: float) -> Any:
+        from vllm import SamplingParams
+
+        mt = item.max_tokens or self.opts.default_max_tokens
+        if temperature == 0:
+            return SamplingParams(temperature=0.0, max_tokens=mt)
+        return SamplingParams(temperature=temperature, top_p=1.0, max_tokens=mt)
+
+    def run_batch(self, name: str, items: list[EvalItem], *, temperature: float = 0.0,
+                  samples: int = 1) -> RunResult:
+        """All prompts (x samples) submitted at once; vLLM schedules the batch."""
+        jobs = [(it, s) for s in range(samples) for it in items]
+        before = self.spec_counters()
+        t0 = time.perf_counter()
+        outs = self.llm.generate([it.prompt for it, _ in jobs], [self._params(it, temperature) for it, _ in jobs],
+                                 use_tqdm=lambda *a, **k: tqdm(*a, **{**k, "desc": f"{name} (batch)"}))
+        wall = time.perf_counter() - t0
+        recs = [_record(it.id, s, o) for (it, s), o in zip(jobs, outs)]
+        return RunResult(name, self.spec.describe(), "batch", temperature, self.opts.seed, wall, recs,
+                         self._delta(before))
+
+    def run_sequential(self, name: str, items: list[EvalItem]) -> RunResult:
+        """Greedy, one prompt at a time (batch size 1): the A/A partner and the latency view."""
+        recs = []
+        before = self.spec_counters()
+        t0 = time.perf_counter()
+        for it in tqdm(items, desc=f"{name} (one at a time)", unit="req"):
+            out = self.llm.generate([it.prompt], [self._params(it, 0.0)], use_tqdm=False)[0]
+            recs.append(_record(it.id, 0, out))
+        wall = time.perf_counter() - t0
+        return RunResult(name, self.spec.describe(), "sequential", 0.0, self.opts.seed, wall, recs,
+                         self._delta(before))
+
+
+@dataclass
+class ArmRuns:
+    """What the gate needs from one decoder."""
+
+    greedy: RunResult
+    sequential: RunResult | None = None
+    sampled: RunResult | None = None
+    startup_s: float = 0.0
+
+
+def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, name: str,
+            sequential_items: list[EvalItem] | None, samples: int = 0, temperature: float = 0.8) -> ArmRuns:
+    """Start an engine for ``spec``, run greedy batch, optional one-at-a-time and sampled passes."""
+    if not Path(opts.model).is_dir():
+        raise FileNotFoundError(f"model directory {opts.model} not found")
+    t0 = time.perf_counter()
+    with GateEngine(opts, spec) as eng:
+        startup = time.perf_counter() - t0
+        greedy = eng.run_batch(name, items)
+        seq = eng.run_sequential(name, sequential_items) if sequential_items else None
+        sampled = eng.run_batch(f"{name} T={temperature}", items, temperature=temperature,
+                                samples=samples) if samples > 0 else None
+    return ArmRuns(greedy, seq, sampled, startup)

@@ -1,0 +1,190 @@
+"""TEST-ONLY faulty decoders: prove the release gate bites.  Never deploy these.
+
+Each class is a speculative proposer vLLM loads as ``custom_class``
+(``--candidate custom:vllm_lookahead.gate.faulty.<Class>:k=4[,fraction=0.5,...]``).  They draft with
+plain prompt lookup (a correct, lossless drafter) and inject one fault each, through patches of vLLM
+0.32 internals installed when the proposer is constructed (in the worker: with the in-process engine
+that is this process).  The patches act only while the engine's drafter is one of these classes, so a
+later engine in the same process is unaffected.
+
+Faults (a real decoder cannot be made to produce them on demand, hence the patches):
+  * ``SecondChoiceProposer`` -- greedy verification also accepts a draft token that is the target's
+    2nd (or ``top``-th) choice.  Patches ``rejection_sampler.rejection_sample`` (greedy batches).
+  * ``DropLastTokenProposer`` -- for a ``fraction`` of requests (chosen by prompt hash), the token that
+    would be the last one under ``max_tokens`` becomes EOS, so the output loses its last token.
+  * ``CorruptTokenProposer`` -- for a ``fraction`` of requests, the output token at ``position`` is
+    replaced by the next vocabulary id; decoding continues from the corrupted token.
+The last two patch ``GPUModelRunner._sample`` (inherited by the CPU runner).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+import numpy as np
+
+_ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("gate_faulty_drafter", default=None)
+_PATCHED = False
+
+
+def _selected(prompt_ids: list[int] | None, fraction: float) -> bool:
+    """Deterministic per-prompt choice (request ids are random per run; prompts are not)."""
+    h = 1469598103934665603
+    for t in prompt_ids or []:
+        h = ((h ^ int(t)) * 1099511628211) % (1 << 64)
+    return (h % 10_000) < fraction * 10_000
+
+
+def _install_patches() -> None:
+    """Wrap the runner's sampling step and the greedy rejection sampler (idempotent)."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    orig_sample = GPUModelRunner._sample
+    orig_rejection = rs.rejection_sample
+
+    def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if not isinstance(drafter, _FaultyProposer):
+            return orig_sample(self, logits, spec_decode_metadata)
+        token = _ACTIVE.set(drafter)
+        try:
+            out = orig_sample(self, logits, spec_decode_metadata)
+        finally:
+            _ACTIVE.reset(token)
+        drafter.after_sample(self, out)
+        return out
+
+    def rejection_sample(draft_token_ids: Any, num_draft_tokens: list[int], max_spec_len: int,
+                         cu_num_draft_tokens: Any, draft_probs: Any, target_logits: Any,
+                         bonus_token_ids: Any, sampling_metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        drafter = _ACTIVE.get()
+        if isinstance(drafter, SecondChoiceProposer) and sampling_metadata.all_greedy:
+            return drafter.lenient_greedy(draft_token_ids, num_draft_tokens, max_spec_len,
+                                          target_logits, bonus_token_ids)
+        return orig_rejection(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                              draft_probs, target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
+
+    GPUModelRunner._sample = _sample
+    rs.rejection_sample = rejection_sample
+    _PATCHED = True
+
+
+class _FaultyProposer:
+    """Prompt-lookup drafter (longest suffix match of 3..1 tokens in the sequence so far)."""
+
+    def __init__(self, vllm_config: Any):
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        extra = (getattr(vllm_config, "additional_config", None) or {}).get("custom_proposer", {})
+        self.params: dict[str, Any] = dict(extra)
+        self.fraction = float(self.params.get("fraction", 0.5))
+        hf = vllm_config.model_config.hf_config
+        eos = getattr(hf, "eos_token_id", None)
+        self.eos = int(eos[0] if isinstance(eos, (list, tuple)) else (eos if eos is not None else 0))
+        self.vocab = int(vllm_config.model_config.get_vocab_size())
+        _install_patches()
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:  # vLLM CPU calls this unconditionally
+        pass
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None, **_: Any) -> list[list[int]]:
+        drafts: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            if not sampled:
+                drafts.append([])
+                continue
+            seq = token_ids_cpu[i, : int(num_tokens_no_spec[i])]
+            drafts.append(self._lookup(seq))
+        return drafts
+
+    def _lookup(self, seq: np.ndarray) -> list[int]:
+        n_tok = len(seq)
+        for n in (3, 2, 1):
+            if n_tok <= n:
+                continue
+            tail = seq[n_tok - n:]
+            for start in range(n_tok - n - 1, -1, -1):
+                if np.array_equal(seq[start:start + n], tail):
+                    follow = seq[start + n: start + n + self.k]
+                    if len(follow):
+                        return [int(t) for t in follow]
+                    break
+        return []
+
+    def after_sample(self, runner: Any, out: Any) -> None:
+        """Hook after the sampling step; ``out.sampled_token_ids`` is [rows, k+1] with -1 padding."""
+
+    def _rows(self, runner: Any, out: Any):
+        ids = out.sampled_token_ids
+        discard = runner.discard_request_mask.np
+        for i, req_id in enumerate(runner.input_batch.req_ids):
+            if i >= ids.shape[0] or discard[i]:
+                continue
+            st = runner.requests.get(req_id)
+            if st is None or st.sampling_params is None:
+                continue
+            row = ids[i]
+            valid = int((row != -1).sum())
+            yield i, st, row, valid
+
+
+class SecondChoiceProposer(_FaultyProposer):
+    """Fault (a): greedy verification accepts a draft that is within the target's top-``top`` ids."""
+
+    def lenient_greedy(self, draft_token_ids: Any, num_draft_tokens: list[int], max_spec_len: int,
+                       target_logits: Any, bonus_token_ids: Any) -> Any:
+        import torch
+
+        top = int(self.params.get("top", 2))
+        out = torch.full((len(num_draft_tokens), max_spec_len + 1), -1, dtype=torch.int32,
+                         device=target_logits.device)
+        best = target_logits.topk(min(top, target_logits.shape[-1]), dim=-1).indices.tolist()
+        drafts = draft_token_ids.tolist()
+        start = 0
+        for i, nd in enumerate(num_draft_tokens):
+            rejected = False
+            for pos in range(nd):
+                d = drafts[start + pos]
+                ok = d >= 0 and d in best[start + pos]
+                out[i, pos] = d if ok else best[start + pos][0]
+                if not ok:
+                    rejected = True
+                    break
+            if not rejected:
+                out[i, nd] = int(bonus_token_ids[i].reshape(-1)[0])
+            start += nd
+        return out
+
+
+class DropLastTokenProposer(_FaultyProposer):
+    """Fault (b): for a fraction of requests the last token under max_tokens is replaced by EOS."""
+
+    def after_sample(self, runner: Any, out: Any) -> None:
+        for _i, st, row, valid in self._rows(runner, out):
+            n_out = len(st.output_token_ids)
+            limit = st.sampling_params.max_tokens
+            if limit is None or limit < 2 or n_out + valid < limit or not _selected(st.prompt_token_ids, self.fraction):
+                continue
+            j = limit - 1 - n_out
+            if 0 <= j < valid:
+                row[j] = self.eos
+                row[j + 1:] = -1
+
+
+class CorruptTokenProposer(_FaultyProposer):
+    """Fault (c): for a fraction of requests the output token at ``position`` becomes id + 1."""
+
+    def after_sample(self, runner: Any, out: Any) -> None:
+        pos = int(self.params.get("position", 2))
+        for _i, st, row, valid in self._rows(runner, out):
+            n_out = len(st.output_token_ids)
+            if not (n_out <= pos < n_out + valid) or not _selected(st.prompt_token_ids, self.fraction):
+                continue
+            j = pos - n_out
+            row[j] = (int(row[j]) + 1) % self.vocab
+            row[j + 1:] = -1

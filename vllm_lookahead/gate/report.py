@@ -1,0 +1,166 @@
+"""Write the gate report: ``report.json`` (everything), ``summary.md`` (fits a pull-request comment)
+and ``report.html`` (self-contained; matplotlib plots embedded as base64 PNG)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _status(c: dict[str, Any]) -> str:
+    if c["passed"] is None:
+        return "skipped" if not c["required"] else "not measured"
+    return "pass" if c["passed"] else "FAIL"
+
+
+def criteria_table(result: dict[str, Any]) -> str:
+    rows = ["| criterion | measured | threshold | result | required |", "|---|---|---|---|---|"]
+    for c in result["criteria"]:
+        rows.append(f"| {c['name']} | {_fmt(c['measured'])} | {c['threshold']} | {_status(c)} | "
+                    f"{'yes' if c['required'] else 'no (info)'} |")
+    return "\n".join(rows)
+
+
+def markdown_summary(result: dict[str, Any]) -> str:
+    meta = result["meta"]
+    lat = result["latency"]
+    lines = [f"### Release gate: **{result['verdict']}**",
+             f"`{meta['baseline']['spec']}` (baseline) vs `{meta['candidate']['spec']}` (candidate) on "
+             f"{result['n_items']} items ({meta['eval_set_name']}), model `{meta['model_name']}`, {meta['dtype']}",
+             "", criteria_table(result), "", "<details><summary>details</summary>", ""]
+    lines += [f"- {c['name']}: {c['detail']}" for c in result["criteria"] if c["detail"]]
+    lines += ["", "| task | n | baseline | candidate | delta | McNemar p (adj.) |", "|---|---|---|---|---|---|"]
+    for r in result["pass_rate"]["per_task"]:
+        lines.append(f"| {r['task']} | {r['n']} | {r['base_rate']:.3f} | {r['cand_rate']:.3f} | {r['delta']:+.3f} "
+                     f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['p_adjusted']:.3g} |")
+    b, c = lat["baseline"], lat["candidate"]
+    lines += ["", "| latency | baseline | candidate |", "|---|---|---|",
+              f"| tokens/s, batch 1 | {_fmt(b.get('seq_tokens_per_s'))} | {_fmt(c.get('seq_tokens_per_s'))} |",
+              f"| tokens/s, whole set batched | {_fmt(b['batch_tokens_per_s'])} | {_fmt(c['batch_tokens_per_s'])} |",
+              f"| TTFT p50 / p95 (s) | {_fmt(b['ttft_s']['p50'])} / {_fmt(b['ttft_s']['p95'])} | "
+              f"{_fmt(c['ttft_s']['p50'])} / {_fmt(c['ttft_s']['p95'])} |",
+              f"| TPOT p50 / p95 (s) | {_fmt(b['tpot_s']['p50'])} / {_fmt(b['tpot_s']['p95'])} | "
+              f"{_fmt(c['tpot_s']['p50'])} / {_fmt(c['tpot_s']['p95'])} |",
+              f"| acceptance rate | {_fmt(b['acceptance_rate'])} | {_fmt(c['acceptance_rate'])} |",
+              f"| compression (tokens/step) | {_fmt(b['compression'])} | {_fmt(c['compression'])} |",
+              "", f"Minimum detectable pass-rate delta (80% power, alpha {meta['alpha']}): "
+              f"{_fmt(result['mde']['pass_rate_delta_at_80pct_power'])} at observed discordance "
+              f"{result['mde']['observed_discordance']:.3f}. Gate wall time {meta['wall_s']:.0f} s.",
+              "", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def _png(fig: Any) -> str:
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plots(result: dict[str, Any]) -> dict[str, str]:
+    """Base64 PNGs: per-task deltas with CIs, first divergence, latency, acceptance per position."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = {}
+    rows = result["pass_rate"]["per_task"] + [{"task": "overall", **result["pass_rate"]["overall"]}]
+    fig, ax = plt.subplots(figsize=(6, 0.4 * len(rows) + 1))
+    ys = list(range(len(rows)))
+    d = [r["delta"] for r in rows]
+    ax.errorbar(d, ys, xerr=[[r["delta"] - r["ci_low"] for r in rows], [r["ci_high"] - r["delta"] for r in rows]],
+                fmt="o", capsize=3)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks(ys, [r["task"] for r in rows])
+    ax.set_xlabel("pass-rate delta, candidate - baseline (95% paired bootstrap CI)")
+    out["Pass-rate delta per task"] = _png(fig)
+
+    em = result["exact_match"]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    cand = em["candidate"]["first_divergence"]
+    aa = (em["aa"] or {}).get("first_divergence", [])
+    bins = range(0, max(cand + aa + [1]) + 2)
+    ax.hist([cand, aa], bins=list(bins), label=[f"candidate vs baseline ({len(cand)} differ)",
+                                                f"A/A baseline vs itself ({len(aa)} differ)"])
+    ax.set_xlabel("first divergent output token (index)")
+    ax.set_ylabel("requests")
+    ax.legend(fontsize=8)
+    out["First divergence (T=0)"] = _png(fig)
+
+    lat = result["latency"]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax, key, label in ((axes[0], "ttft_samples_s", "TTFT (ms)"), (axes[1], "tpot_samples_s", "time per output token (ms)")):
+        data = [[x * 1000 for x in lat[a][key]] or [0.0] for a in ("baseline", "candidate")]
+        ax.boxplot(data)
+        ax.set_xticks([1, 2], ["baseline", "candidate"])
+        ax.set_ylabel(label)
+    out[f"Latency ({lat['candidate']['latency_view']})"] = _png(fig)
+
+    pp = lat["candidate"]["acceptance_per_position"]
+    fig, ax = plt.subplots(figsize=(5, 3))
+    if pp:
+        ax.bar([p["position"] for p in pp], [p["rate"] or 0 for p in pp])
+        ax.set_ylim(0, 1)
+    else:
+        ax.text(0.5, 0.5, "candidate drafts no tokens", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (candidate)")
+    out["Acceptance per draft position"] = _png(fig)
+    return out
+
+
+def html_report(result: dict[str, Any], md: str) -> str:
+    imgs = plots(result)
+    colour = "#1a7f37" if result["verdict"] == "PASS" else "#cf222e"
+    rows = "".join(
+        f"<tr><td>{html.escape(c['name'])}</td><td>{html.escape(_fmt(c['measured']))}</td>"
+        f"<td>{html.escape(c['threshold'])}</td><td><b>{_status(c)}</b></td>"
+        f"<td>{'yes' if c['required'] else 'no (info)'}</td><td>{html.escape(c['detail'])}</td></tr>"
+        for c in result["criteria"])
+    figs = "".join(f"<h3>{html.escape(t)}</h3><img src='data:image/png;base64,{b}'/>" for t, b in imgs.items())
+    diverged = "".join(
+        f"<tr><td>{html.escape(i['id'])}</td><td>{i['baseline_passed']}</td><td>{i['candidate_passed']}</td>"
+        f"<td>{i['first_divergence']}</td><td>{html.escape(i['candidate_detail'])}</td></tr>"
+        for i in result["items"] if i["first_divergence"] is not None or i["baseline_passed"] != i["candidate_passed"])
+    meta = html.escape(json.dumps(result["meta"], indent=1))
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Release gate: {result['verdict']}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}td,th{{border:1px solid #ccc;padding:4px;font-size:13px}}
+table{{border-collapse:collapse}}</style></head><body>
+<h1>Release gate: <span style="color:{colour}">{result['verdict']}</span></h1>
+<p>{html.escape(result['meta']['baseline']['spec'])} (baseline) vs {html.escape(result['meta']['candidate']['spec'])}
+(candidate), {result['n_items']} items.</p>
+<table><tr><th>criterion</th><th>measured</th><th>threshold</th><th>result</th><th>required</th><th>detail</th></tr>{rows}</table>
+{figs}
+<h3>Items that differ</h3><table><tr><th>item</th><th>baseline pass</th><th>candidate pass</th>
+<th>first divergence</th><th>candidate check</th></tr>{diverged}</table>
+<h3>Summary (markdown)</h3><pre>{html.escape(md)}</pre>
+<h3>Run metadata</h3><pre>{meta}</pre></body></html>"""
+
+
+def write_report(result: dict[str, Any], runs: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Write the three report files (and the raw runs) into ``out_dir``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = markdown_summary(result)
+    paths = {"json": out_dir / "report.json", "markdown": out_dir / "summary.md",
+             "html": out_dir / "report.html", "runs": out_dir / "runs.json"}
+    paths["json"].write_text(json.dumps(result, indent=1, default=str))
+    paths["markdown"].write_text(md)
+    paths["html"].write_text(html_report(result, md))
+    paths["runs"].write_text(json.dumps(runs, default=str))
+    return paths

@@ -1,0 +1,109 @@
+"""The gate end to end as a library call: validate everything, run the two arms, analyse, report.
+
+Everything that can be wrong with the inputs (spec, eval set, policy, model dir, classifiers) is
+checked before the first engine starts, so a usage error costs seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_lookahead.gate.analysis import analyse, load_classifiers
+from vllm_lookahead.gate.engine import ArmRuns, EngineOptions, run_arm
+from vllm_lookahead.gate.evalset import EvalItem
+from vllm_lookahead.gate.report import write_report
+from vllm_lookahead.gate.spec import DecoderSpec, SpecError, check_class
+
+
+class UsageError(ValueError):
+    """Input the gate cannot run with (exit code 2)."""
+
+
+@dataclass
+class GateInputs:
+    model: Path
+    items: list[EvalItem]
+    eval_set_name: str
+    baseline: DecoderSpec
+    candidate: DecoderSpec
+    policy: dict[str, Any]
+    dtype: str = "float32"
+    seed: int = 0
+    default_max_tokens: int = 48
+    max_model_len: int | None = None
+
+
+def preflight(inp: GateInputs) -> list[Any]:
+    """Fail fast on anything but the engine itself; returns the classifiers to use."""
+    if not (inp.model / "config.json").is_file():
+        raise UsageError(f"model directory {inp.model} has no config.json")
+    for spec in (inp.baseline, inp.candidate):
+        if spec.kind == "lookahead":
+            try:
+                check_class("vllm_lookahead.vllm.proposer.LookaheadProposer", spec.text)
+            except SpecError as e:
+                raise UsageError(f"{e} (the lookahead proposer is not installed in this build)") from None
+    try:
+        return load_classifiers(inp.policy["criteria"]["behaviour"]["classifiers"])
+    except ImportError as e:
+        raise UsageError(f"quality_sidecar.classifiers is not importable ({e}): install the sidecar package") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def opts_for(inp: GateInputs) -> EngineOptions:
+    return EngineOptions(str(inp.model), inp.dtype, inp.seed, inp.max_model_len, inp.default_max_tokens)
+
+
+def latency_items(inp: GateInputs) -> list[EvalItem]:
+    return inp.items[: inp.policy["runs"]["latency_items"]]
+
+
+def run_baseline(inp: GateInputs) -> ArmRuns:
+    """Baseline arm: greedy batch, the A/A partner (every item, one at a time), optional samples."""
+    s = inp.policy["criteria"]["sampled"]
+    return run_arm(opts_for(inp), inp.baseline, inp.items, name="baseline", sequential_items=inp.items,
+                   samples=s["samples_per_item"], temperature=s["temperature"])
+
+
+def run_candidate(inp: GateInputs) -> ArmRuns:
+    s = inp.policy["criteria"]["sampled"]
+    return run_arm(opts_for(inp), inp.candidate, inp.items, name="candidate", sequential_items=latency_items(inp),
+                   samples=s["samples_per_item"], temperature=s["temperature"])
+
+
+def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[Any],
+             report_dir: Path | None, wall_s: float) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Analyse two finished arms and (optionally) write the report."""
+    result = analyse(inp.items, base, cand, inp.policy, classifiers, [it.id for it in latency_items(inp)])
+    import vllm
+
+    result["meta"] = {
+        "model": str(inp.model), "model_name": inp.model.name, "eval_set_name": inp.eval_set_name,
+        "baseline": inp.baseline.describe(), "candidate": inp.candidate.describe(), "dtype": inp.dtype,
+        "seed": inp.seed, "alpha": inp.policy["alpha"], "policy": inp.policy, "vllm_version": vllm.__version__,
+        "python": platform.python_version(), "machine": platform.machine(), "wall_s": wall_s,
+        "startup_s": {"baseline": base.startup_s, "candidate": cand.startup_s},
+        "run_wall_s": {"baseline_batch": base.greedy.wall_s, "candidate_batch": cand.greedy.wall_s,
+                       "aa_sequential": base.sequential.wall_s if base.sequential else None,
+                       "candidate_sequential": cand.sequential.wall_s if cand.sequential else None}}
+    paths: dict[str, Path] = {}
+    if report_dir is not None:
+        runs = {"baseline": {k: (v.to_json() if v is not None else None) for k, v in
+                             (("greedy", base.greedy), ("sequential", base.sequential), ("sampled", base.sampled))},
+                "candidate": {k: (v.to_json() if v is not None else None) for k, v in
+                              (("greedy", cand.greedy), ("sequential", cand.sequential), ("sampled", cand.sampled))}}
+        paths = write_report(result, runs, report_dir)
+    return result, paths
+
+
+def run_gate(inp: GateInputs, report_dir: Path | None) -> tuple[dict[str, Any], dict[str, Path]]:
+    classifiers = preflight(inp)
+    t0 = time.perf_counter()
+    base = run_baseline(inp)
+    cand = run_candidate(inp)
+    return evaluate(inp, base, cand, classifiers, report_dir, time.perf_counter() - t0)

@@ -1,0 +1,166 @@
+"""Decoder SPEC strings: how the gate's ``--baseline`` / ``--candidate`` name a decoder.
+
+One short string per decoder keeps the command line readable and the report self-describing::
+
+    none                                       no speculation
+    ngram:k=4[,n_min=2,n_max=4]                vLLM's prompt-lookup (n-gram) proposer
+    lookahead:k=4[,window=W,ngram=N,pool_size=G,...]
+                                               vllm_lookahead.LookaheadProposer (CONTRACTS.md); keys
+                                               and ranges are the proposer's (core.LookaheadConfig)
+    custom:pkg.module.Class:k=4[,key=value...] any proposer class vLLM can load as custom_class;
+                                               extra keys go to additional_config["custom_proposer"]
+
+A spec maps to the ``speculative_config`` / ``additional_config`` arguments of ``vllm.LLM``; a bad
+spec raises :class:`SpecError` with a message that says what is allowed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+LOOKAHEAD_CLASS = "vllm_lookahead.LookaheadProposer"
+NGRAM_KEYS = ("n_min", "n_max")
+MAX_K = 16
+SPEC_HELP = (
+    "decoder SPEC: none | ngram:k=4[,n_min=2,n_max=4] | lookahead:k=4[,window=W,ngram=N,pool_size=G]"
+    " | custom:pkg.module.Class:k=4[,key=value,...]"
+)
+
+
+class SpecError(ValueError):
+    """A decoder SPEC string that cannot be used; the message says why and what is allowed."""
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """A parsed decoder: its kind, k, parameters and the vLLM engine arguments it needs."""
+
+    text: str
+    kind: str  # none | ngram | lookahead | custom
+    k: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
+    class_path: str | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.kind != "none"
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` that select this decoder (empty for ``none``)."""
+        if self.kind == "none":
+            return {}
+        if self.kind == "ngram":
+            return {"speculative_config": {
+                "method": "ngram", "num_speculative_tokens": self.k,
+                "prompt_lookup_min": self.params["n_min"], "prompt_lookup_max": self.params["n_max"]}}
+        if self.kind == "lookahead":
+            return {"speculative_config": {"model": LOOKAHEAD_CLASS, "num_speculative_tokens": self.k},
+                    "additional_config": {"lookahead": dict(self.params)}}
+        assert self.class_path is not None
+        return {"speculative_config": {"model": self.class_path, "num_speculative_tokens": self.k},
+                "additional_config": {"custom_proposer": dict(self.params)}}
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-friendly description for reports."""
+        return {"spec": self.text, "kind": self.kind, "k": self.k, "params": dict(self.params),
+                "class": self.class_path if self.kind == "custom" else
+                (LOOKAHEAD_CLASS if self.kind == "lookahead" else None)}
+
+
+def _value(raw: str) -> Any:
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def _kv(text: str, spec: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    for part in text.split(","):
+        if "=" not in part:
+            raise SpecError(f"{spec!r}: expected key=value, got {part!r}. {SPEC_HELP}")
+        key, raw = (s.strip() for s in part.split("=", 1))
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or raw == "":
+            raise SpecError(f"{spec!r}: bad parameter {part!r}. {SPEC_HELP}")
+        if key in out:
+            raise SpecError(f"{spec!r}: parameter {key!r} given twice")
+        out[key] = _value(raw)
+    return out
+
+
+def _positive_int(spec: str, key: str, value: Any, upper: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (upper and value > upper):
+        limit = f" and <= {upper}" if upper else ""
+        raise SpecError(f"{spec!r}: {key} must be an integer >= 1{limit}, got {value!r}")
+    return value
+
+
+def _take_k(spec: str, params: dict[str, Any]) -> int:
+    if "k" not in params:
+        raise SpecError(f"{spec!r}: missing k (number of speculative tokens), e.g. k=4. {SPEC_HELP}")
+    return _positive_int(spec, "k", params.pop("k"), MAX_K)
+
+
+def parse_spec(spec: str, *, check_import: bool = True) -> DecoderSpec:
+    """Parse a decoder SPEC string (see module docstring); raises :class:`SpecError`."""
+    text = spec.strip()
+    if not text:
+        raise SpecError(f"empty decoder spec. {SPEC_HELP}")
+    kind, _, rest = text.partition(":")
+    kind = kind.lower()
+    if kind == "none":
+        if rest:
+            raise SpecError(f"{spec!r}: 'none' takes no parameters")
+        return DecoderSpec(text, "none")
+    if kind == "ngram":
+        params = _kv(rest, spec)
+        k = _take_k(spec, params)
+        unknown = set(params) - set(NGRAM_KEYS)
+        if unknown:
+            raise SpecError(f"{spec!r}: unknown ngram parameter(s) {sorted(unknown)}; allowed: k, {', '.join(NGRAM_KEYS)}")
+        n_min = _positive_int(spec, "n_min", params.get("n_min", 2))
+        n_max = _positive_int(spec, "n_max", params.get("n_max", max(4, n_min)))
+        if n_min > n_max:
+            raise SpecError(f"{spec!r}: n_min ({n_min}) > n_max ({n_max})")
+        return DecoderSpec(text, "ngram", k, {"n_min": n_min, "n_max": n_max})
+    if kind == "lookahead":
+        params = _kv(rest, spec)
+        k = _take_k(spec, params)
+        from vllm_lookahead.core.config import LookaheadConfig, LookaheadConfigError
+
+        try:  # the proposer's own validation: one source of truth for keys and ranges
+            LookaheadConfig.from_dict(params)
+        except (LookaheadConfigError, TypeError) as e:
+            raise SpecError(f"{spec!r}: {e}") from None
+        return DecoderSpec(text, "lookahead", k, params)
+    if kind == "custom":
+        class_path, sep, kvs = rest.partition(":")
+        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+", class_path or ""):
+            raise SpecError(f"{spec!r}: custom needs a dotted class path, e.g. custom:pkg.module.Class:k=4")
+        params = _kv(kvs, spec)
+        k = _take_k(spec, params)
+        if check_import:
+            check_class(class_path, spec)
+        return DecoderSpec(text, "custom", k, params, class_path)
+    raise SpecError(f"{spec!r}: unknown decoder kind {kind!r}. {SPEC_HELP}")
+
+
+def check_class(class_path: str, spec: str) -> None:
+    """Import ``pkg.module.Class`` now so that a typo fails before any engine starts."""
+    module_path, name = class_path.rsplit(".", 1)
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as e:
+        raise SpecError(f"{spec!r}: cannot import {module_path!r}: {e}") from None
+    if not isinstance(getattr(module, name, None), type):
+        raise SpecError(f"{spec!r}: {module_path!r} has no class {name!r}")

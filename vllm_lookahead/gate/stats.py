@@ -1,0 +1,158 @@
+"""Paired statistics for baseline-vs-candidate on the same prompts (see anchors/quality.md §4).
+
+* pass/fail per item -> McNemar exact test (binomial on the discordant pairs) and a paired bootstrap
+  CI of the pass-rate delta (items resampled together, so the pairing is kept);
+* many tasks -> Holm (default), Benjamini-Hochberg or Bonferroni adjusted p-values;
+* T=0 token streams -> exact-match rate and first-divergence position, judged against the A/A rate;
+* T>0 samples -> two-sample tests on sequence features (length: KS; rates: Fisher exact);
+* minimum detectable effect of a McNemar test (Connor 1987) for a given size and discordance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class PairedRates:
+    n: int
+    base_rate: float
+    cand_rate: float
+    delta: float  # candidate - baseline
+    n10: int  # baseline pass, candidate fail (regressions)
+    n01: int  # baseline fail, candidate pass (improvements)
+    p_value: float  # two-sided exact McNemar
+    ci_low: float
+    ci_high: float
+
+
+def mcnemar_p(n10: int, n01: int) -> float:
+    """Exact two-sided McNemar p-value; 1.0 when there are no discordant pairs."""
+    if n10 + n01 == 0:
+        return 1.0
+    return float(stats.binomtest(n10, n10 + n01, 0.5).pvalue)
+
+
+def bootstrap_delta_ci(base: np.ndarray, cand: np.ndarray, *, resamples: int = 2000,
+                       confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile CI of mean(cand - base) from resampling items (pairs stay together)."""
+    diff = cand.astype(float) - base.astype(float)
+    if len(diff) == 0:
+        return (0.0, 0.0)
+    if np.all(diff == diff[0]):
+        return (float(diff[0]), float(diff[0]))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(diff), size=(resamples, len(diff)))
+    means = diff[idx].mean(axis=1)
+    a = (1 - confidence) / 2
+    return (float(np.quantile(means, a)), float(np.quantile(means, 1 - a)))
+
+
+def paired_rates(base: Sequence[bool], cand: Sequence[bool], *, resamples: int = 2000,
+                 confidence: float = 0.95, seed: int = 0) -> PairedRates:
+    b = np.asarray(base, dtype=bool)
+    c = np.asarray(cand, dtype=bool)
+    if b.shape != c.shape:
+        raise ValueError("paired samples must have the same length")
+    n = len(b)
+    n10 = int(np.sum(b & ~c))
+    n01 = int(np.sum(~b & c))
+    lo, hi = bootstrap_delta_ci(b, c, resamples=resamples, confidence=confidence, seed=seed)
+    br = float(b.mean()) if n else 0.0
+    cr = float(c.mean()) if n else 0.0
+    return PairedRates(n, br, cr, cr - br, n10, n01, mcnemar_p(n10, n01), lo, hi)
+
+
+def adjust_pvalues(pvals: Sequence[float], method: str = "holm") -> list[float]:
+    """Multiple-testing adjusted p-values: holm | bh | bonferroni | none."""
+    p = np.asarray(pvals, dtype=float)
+    m = len(p)
+    if m == 0:
+        return []
+    if method == "none":
+        return p.tolist()
+    if method == "bonferroni":
+        return np.minimum(1.0, p * m).tolist()
+    order = np.argsort(p)
+    adj = np.empty(m)
+    if method == "holm":
+        running = 0.0
+        for rank, i in enumerate(order):
+            running = max(running, min(1.0, (m - rank) * p[i]))
+            adj[i] = running
+        return adj.tolist()
+    if method == "bh":
+        running = 1.0
+        for rank in range(m - 1, -1, -1):
+            i = order[rank]
+            running = min(running, p[i] * m / (rank + 1))
+            adj[i] = min(1.0, running)
+        return adj.tolist()
+    raise ValueError(f"unknown multiple-testing method {method!r}: use holm, bh, bonferroni or none")
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token, None when the sequences are identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def fisher_greater_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """One-sided Fisher exact p that rate 1 (k1/n1) exceeds rate 2 (k2/n2)."""
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    return float(stats.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]], alternative="greater").pvalue)
+
+
+def fisher_two_sided_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    return float(stats.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue)
+
+
+def ks_p(a: Sequence[float], b: Sequence[float]) -> float:
+    if len(a) == 0 or len(b) == 0:
+        return 1.0
+    if np.array_equal(np.sort(a), np.sort(b)):
+        return 1.0
+    return float(stats.ks_2samp(a, b).pvalue)
+
+
+def quantiles(xs: Sequence[float | None]) -> dict[str, float | None]:
+    v = np.asarray([x for x in xs if x is not None], dtype=float)
+    if len(v) == 0:
+        return {"p50": None, "p95": None, "mean": None, "n": 0}
+    return {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95)),
+            "mean": float(v.mean()), "n": int(len(v))}
+
+
+def mcnemar_mde(n: int, p_discordant: float, *, alpha: float = 0.05, power: float = 0.8) -> float | None:
+    """Smallest |pass-rate delta| a two-sided McNemar test detects with ``power`` (Connor 1987):
+    n = [z_{a/2} sqrt(p_d) + z_b sqrt(p_d - d^2)]^2 / d^2, solved for d.  None when even d = p_d
+    (every discordant pair one way) is out of reach."""
+    if n <= 0 or p_discordant <= 0:
+        return None
+    za = stats.norm.ppf(1 - alpha / 2)
+    zb = stats.norm.ppf(power)
+
+    def needed(d: float) -> float:
+        return (za * math.sqrt(p_discordant) + zb * math.sqrt(max(p_discordant - d * d, 0.0))) ** 2 / (d * d)
+
+    hi = min(p_discordant, math.sqrt(p_discordant))
+    if needed(hi) > n:
+        return None
+    lo = 1e-9
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if needed(mid) > n:
+            lo = mid
+        else:
+            hi = mid
+    return hi
