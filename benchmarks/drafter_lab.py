@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def make_verify(model):
     import torch
@@ -86,6 +84,7 @@ def main(argv=None) -> int:
     cfgs = {c: LookaheadConfig.from_dict(json.loads(c)) for c in args.configs}
     for c in cfgs:
         rows[f"lookahead {c}"] = [0, 0]
+    sources: dict[str, dict[str, list[int]]] = {}
     t0 = time.time()
     for p in tqdm(prompts, desc="prompts", unit="prompt"):
         ids = tok(p).input_ids
@@ -93,7 +92,15 @@ def main(argv=None) -> int:
         rows["prompt_lookup"][0] += len(ref)
         rows["prompt_lookup"][1] += steps
         for c, cfg in cfgs.items():
-            r = simulate(verify, ids, args.max_tokens, args.k, cfg=cfg, eos=eos)
+            from vllm_lookahead.core import LookaheadDrafter
+
+            drafter = LookaheadDrafter(cfg, args.k)
+            r = simulate(verify, ids, args.max_tokens, args.k, eos=eos, drafter=drafter)
+            for st in drafter.states.values():
+                for src, (d, a) in st.stats.by_source.items():
+                    agg = sources.setdefault(c, {}).setdefault(src, [0, 0])
+                    agg[0] += d
+                    agg[1] += a
             if r.tokens != ref:
                 raise AssertionError(f"simulation diverged from greedy for config {c}")
             rows[f"lookahead {c}"][0] += len(r.tokens)
@@ -103,6 +110,8 @@ def main(argv=None) -> int:
     print(f"{'strategy':<60}{'compression (tok/step)':>24}{'vs prompt lookup':>18}")
     for name, r in result.items():
         print(f"{name:<60}{r['compression']:>24.3f}{r['compression'] / base:>17.3f}x")
+    for c, by in sources.items():
+        print(f"  sources {c}: " + ", ".join(f"{s}: {a}/{d} accepted" for s, (d, a) in by.items()))
     print(f"({len(prompts)} {args.prompts} prompts x {args.max_tokens} tokens, k={args.k}, {time.time() - t0:.0f} s)")
     if args.json:
         args.json.write_text(json.dumps({"command": "python benchmarks/drafter_lab.py " + " ".join(sys.argv[1:]),

@@ -189,7 +189,7 @@ def test_finished_requests_are_pruned_and_bounded():
 def test_adaptive_policy_turns_off_and_probes():
     """A model that never agrees with any draft drives the EMA down: the request stops drafting and
     only probes every probe_interval steps."""
-    cfg = LookaheadConfig(min_acceptance=0.2, probe_interval=5)
+    cfg = LookaheadConfig(min_acceptance=0.2, probe_interval=5, free_draft_batch_size=0)
     d = LookaheadDrafter(cfg, 4)
     ctx = [1, 2, 1, 2, 1, 2]
     draft = d.step([RowStep("r", ctx, len(ctx), [2], prompt_len=5)])[0]

@@ -38,7 +38,10 @@ class LookaheadConfig:
     ema_decay: float = 0.7
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""
     min_acceptance: float = 0.15
-    """Below this EMA acceptance a request stops drafting, then probes every `probe_interval` steps."""
+    """Below this EMA acceptance a request stops drafting, then probes every `probe_interval` steps --
+    only once more than `free_draft_batch_size` requests run: below that, decoding is memory-bound and
+    extra draft rows are close to free, so a weak draft still beats none."""
+    free_draft_batch_size: int = 4
     probe_interval: int = 8
     max_batch_draft_tokens: int = 256
     """Token budget for draft rows in one step across the batch; best requests get slots first."""
@@ -69,6 +72,7 @@ class LookaheadConfig:
         need(0 <= self.window <= 64, "window", "must be in 0..64 (0 = k)")
         need(0.0 <= self.ema_decay < 1.0, "ema_decay", "must be in [0, 1)")
         need(0.0 <= self.min_acceptance <= 1.0, "min_acceptance", "must be in [0, 1]")
+        need(self.free_draft_batch_size >= 0, "free_draft_batch_size", "must be >= 0")
         need(self.probe_interval >= 1, "probe_interval", "must be >= 1")
         need(self.max_batch_draft_tokens >= 0, "max_batch_draft_tokens", "must be >= 0")
         need(self.batch_size_threshold >= 1, "batch_size_threshold", "must be >= 1")

@@ -3,7 +3,8 @@
 Pure Python/numpy so that it is testable without vLLM; ``vllm_lookahead.vllm.proposer`` feeds it the
 runner's rows each step.  The policy keeps lookahead from making serving slower:
   * per request: an EMA of accepted tokens per drafted token; below ``min_acceptance`` the request
-    stops drafting and only probes every ``probe_interval`` steps;
+    stops drafting and only probes every ``probe_interval`` steps (not at batch sizes up to
+    ``free_draft_batch_size``, where draft rows are nearly free);
   * per batch: above ``batch_size_threshold`` running requests only requests whose EMA clears
     ``busy_min_acceptance`` draft, and all drafts together fit ``max_batch_draft_tokens`` (best first).
 """
@@ -66,12 +67,13 @@ class LookaheadDrafter:
     def _budgets(self, rows: list[RowStep], states: list[RequestState]) -> list[int]:
         cfg = self.cfg
         busy = len(rows) > cfg.batch_size_threshold
+        free = len(rows) <= cfg.free_draft_batch_size
         want = []
         for row, st in zip(rows, states):
             if not row.new_tokens:  # still in prefill: nothing to draft from yet
                 want.append(0)
                 continue
-            floor = cfg.busy_min_acceptance if busy else cfg.min_acceptance
+            floor = cfg.busy_min_acceptance if busy else (0.0 if free else cfg.min_acceptance)
             if st.ema >= floor:
                 st.idle_steps = 0
                 want.append(self.k)
