@@ -29,6 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 from vllm_lookahead.prompts import _candidate_files, _top_level_blocks  # noqa: E402
 
+# Prompts stop at the end of a line, not after its newline: with byte-level BPE the newline and the
+# next line's indentation are one token, so a prompt ending in a bare "\n" token tells the model
+# "the next line starts at column 0".  Checkers drop the completion's leading newline instead.
+NL = {"lstrip_newline": True}
 COUNTS = {"next_line": 36, "body_prefix": 24, "copy": 16, "syntax": 16, "test_name": 12}
 
 JSON_ITEMS = [
@@ -113,20 +117,20 @@ def build(seed: int) -> list[dict]:
             cut = rng.randint(3, len(b) - 2)
             nxt = b[cut]
             if len(nxt.strip()) >= 8:
-                add(task, "\n".join(b[:cut]) + "\n", {"type": "next_line", "answer": nxt}, nxt, 32)
+                add(task, "\n".join(b[:cut]), {"type": "next_line", "answer": nxt, **NL}, nxt, 32)
         elif task == "body_prefix" and len(b) >= 5:
             cut = 2 if '"""' not in b[1] else 3
             ref = "\n".join(b[cut:cut + 6]) + "\n"
-            if len(ref) >= 30:
-                add(task, "\n".join(b[:cut]) + "\n", {"type": "prefix", "answer": ref, "min_chars": 24}, ref, 48)
+            if len(ref) >= 30 and b[cut].strip():
+                add(task, "\n".join(b[:cut]), {"type": "prefix", "answer": ref, "min_chars": 24, **NL}, ref, 48)
         elif task == "copy" and len(b) >= 4:
             snippet = b[: min(len(b), 12)]
             if len(snippet[1].strip()) >= 4:
-                prompt = "\n".join(snippet) + "\n\n\n" + snippet[0] + "\n"
-                add(task, prompt, {"type": "exact", "answer": snippet[1], "cut": "first_line", "strip": False},
+                prompt = "\n".join(snippet) + "\n\n\n" + snippet[0]
+                add(task, prompt, {"type": "exact", "answer": snippet[1], "cut": "first_line", "strip": False, **NL},
                     snippet[1], 48)
         elif task == "syntax" and 4 <= len(b) <= 10 and b[0].startswith(("def ", "async def ")):
-            add(task, "\n".join(b[:2]) + "\n", {"type": "python_syntax"}, "\n".join(b[2:]) + "\n", 96)
+            add(task, "\n".join(b[:2]), {"type": "python_syntax"}, "\n" + "\n".join(b[2:]) + "\n", 96)
 
     for prompt, ref in test_name_prompts(seed, COUNTS["test_name"]):
         add("test_name", prompt, {"type": "regex", "pattern": r"[A-Za-z0-9_]+\(self[^)]*\):\s*$",
@@ -137,7 +141,7 @@ def build(seed: int) -> list[dict]:
                       "checker": {"type": "json_schema", "schema": schema, "prefix": start},
                       "response_format": {"type": "json_object"}})
     for i, (prompt, tests) in enumerate(UNIT_ITEMS, 1):
-        items.append({"id": f"unit_tests-{i:03d}", "task": "unit_tests", "prompt": prompt, "max_tokens": 48,
+        items.append({"id": f"unit_tests-{i:03d}", "task": "unit_tests", "prompt": prompt.rstrip("\n"), "max_tokens": 48,
                       "checker": {"type": "python_tests", "tests": tests, "timeout_s": 5, "memory_mb": 256}})
     return items
 

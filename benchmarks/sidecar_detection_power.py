@@ -58,7 +58,7 @@ def detection_trial(reg: str | None, seed: int, max_after: int, batch: int = 50)
         for s in cs:  # replay pairing: the baseline's greedy output for the same prompt
             if s["sampling"]["temperature"] == 0 and s["output"]["text"] is not None:
                 k = int(s["prompt"]["text"].split("task_")[1].split("(")[0])
-                alarms += _replay(p, s, cand._greedy_ids(k))
+                alarms += _replay(p, s, cand.baseline_ids(k))
         n += batch
         fired += [(n, a.detector) for a in alarms if a.arm == "candidate"]
         if reg is not None and any(d == EXPECTED[reg] for _, d in fired):

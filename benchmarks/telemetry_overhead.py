@@ -171,8 +171,9 @@ def e2e(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     phases: dict[str, Any] = {}
     try:
         print("starting vllm serve x2 (telemetry off / on) ...", flush=True)
-        off.start()
-        on.start()
+        phases["start_order"] = ["on", "off"] if args.on_first else ["off", "on"]
+        for server in ((on, off) if args.on_first else (off, on)):
+            server.start()
 
         def one(server: VllmServer, i: int) -> float:
             t0 = time.perf_counter()
@@ -194,6 +195,9 @@ def e2e(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
                 if i % 2:
                     pair.reverse()  # alternate the order so neither side always goes first
                 for name, server in pair:
+                    # a gap between requests: vLLM's CPU engines pin OpenMP threads that keep spinning
+                    # for a while after each step; without it one server's spin slows the other's step
+                    time.sleep(args.gap_ms / 1000)
                     lat[name].append(one(server, i))
             phases[phase] = {
                 name: {"n": len(v), "p50_ms": round(pct(v, 50), 2), "p99_ms": round(pct(v, 99), 2),
@@ -217,6 +221,10 @@ def main() -> None:
     ap.add_argument("--skip-e2e", action="store_true", help="only the in-process micro benchmark")
     ap.add_argument("--model", default=None, help="model for vllm serve (default: models/demo-code-4l)")
     ap.add_argument("--requests", type=int, default=60, help="request pairs per e2e phase")
+    ap.add_argument("--gap-ms", type=float, default=300.0,
+                    help="pause before each e2e request, ms (lets the other engine's OpenMP spin stop)")
+    ap.add_argument("--on-first", action="store_true",
+                    help="start the telemetry-on server first (checks for a start-order bias)")
     ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens per e2e request")
     ap.add_argument("--e2e-sample-rate", type=float, default=1.0,
                     help="sample rate of the telemetry-on server (1.0: worst case)")

@@ -59,6 +59,7 @@ class ServiceConfig:
     dedupe_window: int = 100_000
     commit_interval_s: float = 1.0
     max_poll_records: int = 500
+    batch_linger_s: float = 0.1
     max_message_bytes: int = 4 * 1024 * 1024
     format_code_fraction: float = 1.0
     safety_backend: str | None = None
@@ -312,6 +313,14 @@ class Service:
     def step(self, timeout_s: float = 0.5) -> int:
         """One poll + process; returns the number of records handled."""
         records = self.source.poll(timeout_s, self.cfg.max_poll_records)
+        # Micro-batching: a live topic hands out a few records per poll, and each process() call has
+        # a fixed cost (vectoriser, chart updates) of a few ms; gather up to ``batch_linger_s`` more.
+        deadline = time.monotonic() + self.cfg.batch_linger_s
+        while records and len(records) < self.cfg.max_poll_records and time.monotonic() < deadline:
+            more = self.source.poll(max(0.0, deadline - time.monotonic()), self.cfg.max_poll_records - len(records))
+            if not more:
+                break
+            records += more
         valid = []
         for rec in records:
             tp = (rec.topic, rec.partition)

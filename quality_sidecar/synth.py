@@ -68,6 +68,15 @@ class SampleStream:
         n = int(min(self.max_tokens, max(1, r.lognormal(4.5, 0.6))))
         return r.integers(0, 4096, size=n).tolist()
 
+    def _prompt_refuses(self, k: int) -> bool:
+        return bool(np.random.default_rng(k + 7).random() < self.refusal_rate)
+
+    def baseline_ids(self, k: int) -> list[int]:
+        """The clean greedy output ids for prompt ``k`` (what a lossless baseline returns)."""
+        if self._prompt_refuses(k):
+            return [int(b) for b in REFUSALS[k % len(REFUSALS)].encode()[:40]]
+        return self._greedy_ids(k)
+
     def one(self) -> dict[str, Any]:
         rng, reg = self.rng, self.regression
         k = int(rng.integers(self.n_prompts))
@@ -89,8 +98,7 @@ class SampleStream:
             text = text[: max(1, int(len(text) * cut))] if text else text
             finish = "length"
         # A greedy refusal is a property of the prompt (both arms refuse it); regressions add random ones.
-        base_refusal = (np.random.default_rng(k + 7).random() < self.refusal_rate) if greedy \
-            else rng.random() < self.refusal_rate
+        base_refusal = self._prompt_refuses(k) if greedy else rng.random() < self.refusal_rate
         if base_refusal or (reg == "refusal" and rng.random() < 0.02):
             text = REFUSALS[k % len(REFUSALS)] if greedy else REFUSALS[int(rng.integers(len(REFUSALS)))]
             ids = [int(b) for b in text.encode()[:40]]

@@ -2,8 +2,9 @@
 
 ``enable_auto_commit=False``: offsets are committed by the service after a batch is processed and
 its outputs flushed.  ``max_poll_records`` bounds memory (backpressure: unread messages stay in
-Kafka, and the lag gauge shows it).  A short session timeout makes a killed member's partitions
-move to its replacement within seconds.
+Kafka, and the lag gauge shows it).  The 10 s session timeout moves a killed member's partitions
+to its replacement within ~10 s; shorter timeouts got healthy members evicted on a loaded machine
+(missed heartbeats while calibrating), which stalls consumption in rebalance loops.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from . import Record
 
 
 class KafkaSource:
-    def __init__(self, url: str, group: str, max_poll_records: int = 500, session_timeout_ms: int = 6000):
+    def __init__(self, url: str, group: str, max_poll_records: int = 500, session_timeout_ms: int = 10000):
         from kafka import KafkaConsumer
 
         bootstrap, self.topic = parse_kafka_url(url)

@@ -69,7 +69,8 @@ def test_default_policy_loads_and_quality_is_mandatory(tmp_path: Path) -> None:
     ({"criteria": {"exact_match": {"max_excess_mismatch": "x"}}}, "wrong type"),
     ({"criteria": {"exact_match": {"max_excess_mismatch": 3}}}, r"\[0, 1\]"),
     ({"alpha": 2}, "alpha"), ({"multiple_testing": "magic"}, "multiple_testing"), ({"oops": 1}, "top-level"),
-    ({"version": 2}, "version"), ([1, 2], "mapping"),
+    ({"version": 2}, "version"), ([1, 2], "mapping"), ({"runs": {"aa_batch_size": 0}}, "aa_batch_size"),
+    ({"runs": {"aa_mode": "x"}}, "unknown key"),
 ])
 def test_policy_errors(doc: object, words: str) -> None:
     with pytest.raises(PolicyError, match=words):
@@ -124,6 +125,9 @@ def test_checkers() -> None:
     assert check("def f(x):\n", "    return x\n\ndef g(:\n", {"type": "python_syntax"}).passed
     assert not check("def f(x):\n", "    return (x\n", {"type": "python_syntax"}).passed
     assert cut_block("    a\n    b\nclass X:\n") == "    a\n    b\n"
+    nl = {"type": "next_line", "answer": "    x = 1", "lstrip_newline": True}
+    assert check("def f():", "\n    x = 1\n", nl).passed and check("def f():", "    x = 1", nl).passed
+    assert not check("def f():", "\n\n    x = 1", nl).passed
 
 
 def test_python_tests_checker_runs_in_sandbox() -> None:
@@ -194,7 +198,7 @@ def _run(texts: list[str], ids: list[list[int]], mode: str = "batch") -> RunResu
 def _arms(cand_texts: list[str], cand_ids: list[list[int]]) -> tuple[ArmRuns, ArmRuns]:
     texts = ["ok\n" if i % 2 == 0 else "no\n" for i in range(40)]
     ids = [[i, 1, 2, 3] for i in range(40)]
-    base = ArmRuns(_run(texts, ids), _run(texts, ids, "sequential"))
+    base = ArmRuns(_run(texts, ids), _run(texts, ids, "sequential"), aa=_run(texts, ids, "chunks of 8"))
     return base, ArmRuns(_run(cand_texts, cand_ids), _run(cand_texts, cand_ids, "sequential"))
 
 

@@ -61,9 +61,10 @@ def _gate(demo_model: Path, baseline: tuple[ArmRuns, list[Any]], candidate: str)
 
 def test_aa_run_is_measured(baseline: tuple[ArmRuns, list[Any]]) -> None:
     base, _ = baseline
-    assert base.sequential is not None and base.sequential.mode == "sequential"
-    assert len(base.sequential.records) == len(base.greedy.records) > 10
-    assert all(r.token_ids for r in base.greedy.records)
+    assert base.aa is not None and base.aa.mode == "chunks of 8"
+    assert [r.item_id for r in base.aa.records] == [r.item_id for r in base.greedy.records]
+    assert len(base.greedy.records) > 10 and all(r.token_ids for r in base.greedy.records)
+    assert base.sequential is not None and base.sequential.mode == "sequential" and len(base.sequential.records) == 2
 
 
 def test_correct_ngram_candidate_passes(demo_model: Path, baseline: tuple[ArmRuns, list[Any]]) -> None:
@@ -87,3 +88,4 @@ def test_faulty_candidate_fails(demo_model: Path, baseline: tuple[ArmRuns, list[
     assert res["verdict"] == "FAIL", res["criteria"]
     assert must_fail in res["failed"]
     assert res["exact_match"]["candidate"]["mismatches"] > res["exact_match"]["aa"]["mismatches"]
+    assert res["exact_match"]["aa"]["n"] == res["n_items"]

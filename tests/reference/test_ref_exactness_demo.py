@@ -67,6 +67,6 @@ def test_lade_matches_greedy(demo, greedy_outputs, window, ngram, pool_size, n_p
 
 def test_prompt_lookup_matches_greedy(demo, greedy_outputs) -> None:
     model, prompts, eos = demo
-    for i, prompt in enumerate(prompts):
-        res = prompt_lookup_generate(model, prompt, MAX_NEW, k=3, eos_token_id=eos)
+    for i in range(0, 100, 4):  # 25 prompts, both kinds
+        res = prompt_lookup_generate(model, prompts[i], MAX_NEW, k=3, eos_token_id=eos)
         assert res.tokens == greedy_outputs[i], f"prompt {i}"

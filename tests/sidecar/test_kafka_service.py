@@ -190,7 +190,7 @@ def test_injected_regression_alarms_on_the_alerts_topic_clean_arm_stays_quiet(ka
     stop = threading.Event()
     th = _serve(svc, stop)
     try:
-        assert _wait_metric(port, "quality_sidecar_samples_total", len(msgs), 120) == len(msgs)
+        assert _wait_metric(port, "quality_sidecar_samples_total", len(msgs), 240) == len(msgs)
         time.sleep(1.0)
         text = scrape(port)
     finally:

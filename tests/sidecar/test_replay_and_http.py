@@ -33,7 +33,7 @@ class _Baseline(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Baseline.requests.append(body)
         k = int(body["prompt"].split("task_")[1].split("(")[0])
-        ids = SampleStream()._greedy_ids(k)[: body["max_tokens"]]
+        ids = SampleStream().baseline_ids(k)[: body["max_tokens"]]
         if _Baseline.corrupt:
             ids = [i + 1 for i in ids]
         out = json.dumps({"choices": [{"text": "x", "token_ids": ids, "finish_reason": "stop"}]}).encode()

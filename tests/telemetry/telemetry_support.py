@@ -53,7 +53,7 @@ class VllmServer:
         p = Path(self.log_path)
         return "\n".join(p.read_text(errors="replace").splitlines()[-n:]) if p.exists() else ""
 
-    def start(self, timeout_s: float = 300.0) -> VllmServer:
+    def start(self, timeout_s: float = 600.0) -> VllmServer:
         import subprocess
         import time
 

@@ -59,4 +59,5 @@ def test_llm_offline_samples_and_spans(otlp_receiver, demo_model, tmp_path):
         tags = span_tags(span)
         assert tags["span.kind"] == "internal"  # child of a local span, not a server entry point
         # content capture is opt-in and on here: the output text is in the span
-        assert outputs[tags["gen_ai.response.id"]]["text"] in tags["gen_ai.output.messages"]
+        messages = json.loads(tags["gen_ai.output.messages"])
+        assert messages[0]["parts"][0]["content"] == outputs[tags["gen_ai.response.id"]]["text"]

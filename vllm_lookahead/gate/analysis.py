@@ -1,7 +1,7 @@
 """Turn the runs into measurements and a verdict.
 
-Inputs: the eval items, the baseline arm (greedy batch, one-at-a-time A/A partner, optional T>0
-samples) and the candidate arm (greedy batch, one-at-a-time latency subset, optional samples).
+Inputs: the eval items, the baseline arm (greedy batch, its A/A partner at another batch size, the
+batch-1 latency subset, optional T>0 samples) and the candidate arm (greedy batch, one-at-a-time latency subset, optional samples).
 Output: one JSON-friendly dict (``criteria`` + ``verdict`` + every measurement behind them) that the
 report module renders.  Behavioural guards come from ``quality_sidecar.classifiers`` (shared with the
 sidecar, never copied here).
@@ -158,7 +158,7 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         row["p_adjusted"] = padj
 
     cand_exact = _exact(base.greedy, cand.greedy)
-    aa_exact = _exact(base.greedy, base.sequential) if base.sequential else None
+    aa_exact = _exact(base.greedy, base.aa) if base.aa else None
     n = cand_exact["n"]
     aa_mm = aa_exact["mismatches"] if aa_exact else 0
     aa_n = aa_exact["n"] if aa_exact else n
@@ -205,7 +205,8 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         f"mismatch(candidate) - mismatch(A/A) <= {c['max_excess_mismatch']} and not significantly higher (p < {alpha})",
         excess <= c["max_excess_mismatch"] and not (p_exact < alpha), True,
         f"T=0 token match vs baseline {cand_exact['match_rate']:.3f} ({cand_exact['mismatches']}/{n} differ); "
-        f"A/A {1 - aa_mm / max(1, aa_n):.3f} ({aa_mm}/{aa_n} differ); one-sided Fisher p={p_exact:.3g}"))
+        f"A/A {1 - aa_mm / max(1, aa_n):.3f} ({aa_mm}/{aa_n} differ, {base.aa.mode if base.aa else 'not run'} "
+        f"vs all at once); one-sided Fisher p={p_exact:.3g}"))
     c = crit_pol["behaviour"]
     bad_b = [r for r in behaviour if r["delta"] > c["max_increase"] or (r["p_adjusted"] < alpha and r["delta"] > 0)]
     worst_b = max(behaviour, key=lambda r: r["delta"]) if behaviour else None

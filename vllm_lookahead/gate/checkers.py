@@ -135,5 +135,12 @@ def validate_checker(c: Any) -> str | None:
 
 
 def check(prompt: str, completion: str, checker: dict[str, Any]) -> CheckResult:
-    """Score one completion with its item's checker."""
+    """Score one completion with its item's checker.
+
+    ``lstrip_newline: true`` drops one leading newline from the completion first: prompts that stop
+    at the end of a line (not after its newline) avoid a token-boundary artefact of byte-level BPE,
+    where the newline and the next line's indentation are one token, so the model's first token is
+    the newline."""
+    if checker.get("lstrip_newline") and completion.startswith("\n"):
+        completion = completion[1:]
     return CHECKERS[checker["type"]][0](prompt, completion, checker)

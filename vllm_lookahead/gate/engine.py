@@ -176,16 +176,21 @@ class GateEngine:
         return RunResult(name, self.spec.describe(), "batch", temperature, self.opts.seed, wall, recs,
                          self._delta(before))
 
-    def run_sequential(self, name: str, items: list[EvalItem]) -> RunResult:
-        """Greedy, one prompt at a time (batch size 1): the A/A partner and the latency view."""
+    def run_chunked(self, name: str, items: list[EvalItem], batch_size: int = 1) -> RunResult:
+        """Greedy, ``batch_size`` prompts at a time (1 = one at a time): the A/A partner of the
+        batched run (same decoder, other batch shapes) and, at 1, the batch-1 latency view."""
         recs = []
         before = self.spec_counters()
         t0 = time.perf_counter()
-        for it in tqdm(items, desc=f"{name} (one at a time)", unit="req"):
-            out = self.llm.generate([it.prompt], [self._params(it, 0.0)], use_tqdm=False)[0]
-            recs.append(_record(it.id, 0, out))
+        chunks = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
+        unit = "req" if batch_size == 1 else f"batch of {batch_size}"
+        for chunk in tqdm(chunks, desc=f"{name} ({unit})", unit="batch" if batch_size > 1 else "req"):
+            outs = self.llm.generate([it.prompt for it in chunk], [self._params(it, 0.0) for it in chunk],
+                                     use_tqdm=False)
+            recs += [_record(it.id, 0, o) for it, o in zip(chunk, outs)]
         wall = time.perf_counter() - t0
-        return RunResult(name, self.spec.describe(), "sequential", 0.0, self.opts.seed, wall, recs,
+        mode = "sequential" if batch_size == 1 else f"chunks of {batch_size}"
+        return RunResult(name, self.spec.describe(), mode, 0.0, self.opts.seed, wall, recs,
                          self._delta(before))
 
 
@@ -194,21 +199,25 @@ class ArmRuns:
     """What the gate needs from one decoder."""
 
     greedy: RunResult
-    sequential: RunResult | None = None
+    sequential: RunResult | None = None  # batch-1 latency subset
     sampled: RunResult | None = None
     startup_s: float = 0.0
+    aa: RunResult | None = None  # baseline only: every item again at another batch size
 
 
 def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, name: str,
-            sequential_items: list[EvalItem] | None, samples: int = 0, temperature: float = 0.8) -> ArmRuns:
-    """Start an engine for ``spec``, run greedy batch, optional one-at-a-time and sampled passes."""
+            sequential_items: list[EvalItem] | None, samples: int = 0, temperature: float = 0.8,
+            aa_batch_size: int | None = None) -> ArmRuns:
+    """Start an engine for ``spec``; run greedy batched, the optional A/A pass (all items at
+    ``aa_batch_size``), the batch-1 latency subset and the T>0 samples; shut the engine down."""
     if not Path(opts.model).is_dir():
         raise FileNotFoundError(f"model directory {opts.model} not found")
     t0 = time.perf_counter()
     with GateEngine(opts, spec) as eng:
         startup = time.perf_counter() - t0
         greedy = eng.run_batch(name, items)
-        seq = eng.run_sequential(name, sequential_items) if sequential_items else None
+        aa = eng.run_chunked(f"{name} A/A", items, aa_batch_size) if aa_batch_size else None
+        seq = eng.run_chunked(f"{name} latency", sequential_items) if sequential_items else None
         sampled = eng.run_batch(f"{name} T={temperature}", items, temperature=temperature,
                                 samples=samples) if samples > 0 else None
-    return ArmRuns(greedy, seq, sampled, startup)
+    return ArmRuns(greedy, seq, sampled, startup, aa)

@@ -89,8 +89,10 @@ def validate(policy: Any) -> dict[str, Any]:
             raise PolicyError(f"policy: criteria.{name}.{key} must be in [0, 1], got {c[name][key]}")
     if c["sampled"]["samples_per_item"] < 0 or c["sampled"]["temperature"] <= 0:
         raise PolicyError("policy: criteria.sampled needs samples_per_item >= 0 and temperature > 0")
-    if out["runs"]["aa_mode"] not in ("sequential",):
-        raise PolicyError("policy: runs.aa_mode must be 'sequential'")
+    for key in ("aa_batch_size", "latency_items"):
+        v = out["runs"][key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "aa_batch_size" else 0):
+            raise PolicyError(f"policy: runs.{key} must be an integer >= {1 if key == 'aa_batch_size' else 0}, got {v!r}")
     return out
 
 

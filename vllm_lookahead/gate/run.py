@@ -64,10 +64,12 @@ def latency_items(inp: GateInputs) -> list[EvalItem]:
 
 
 def run_baseline(inp: GateInputs) -> ArmRuns:
-    """Baseline arm: greedy batch, the A/A partner (every item, one at a time), optional samples."""
+    """Baseline arm: greedy batched, the A/A partner (every item at ``runs.aa_batch_size``), the
+    batch-1 latency subset, optional T>0 samples."""
     s = inp.policy["criteria"]["sampled"]
-    return run_arm(opts_for(inp), inp.baseline, inp.items, name="baseline", sequential_items=inp.items,
-                   samples=s["samples_per_item"], temperature=s["temperature"])
+    return run_arm(opts_for(inp), inp.baseline, inp.items, name="baseline", sequential_items=latency_items(inp),
+                   samples=s["samples_per_item"], temperature=s["temperature"],
+                   aa_batch_size=inp.policy["runs"]["aa_batch_size"])
 
 
 def run_candidate(inp: GateInputs) -> ArmRuns:
@@ -89,12 +91,14 @@ def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[An
         "python": platform.python_version(), "machine": platform.machine(), "wall_s": wall_s,
         "startup_s": {"baseline": base.startup_s, "candidate": cand.startup_s},
         "run_wall_s": {"baseline_batch": base.greedy.wall_s, "candidate_batch": cand.greedy.wall_s,
-                       "aa_sequential": base.sequential.wall_s if base.sequential else None,
+                       "aa": base.aa.wall_s if base.aa else None,
+                       "baseline_sequential": base.sequential.wall_s if base.sequential else None,
                        "candidate_sequential": cand.sequential.wall_s if cand.sequential else None}}
     paths: dict[str, Path] = {}
     if report_dir is not None:
         runs = {"baseline": {k: (v.to_json() if v is not None else None) for k, v in
-                             (("greedy", base.greedy), ("sequential", base.sequential), ("sampled", base.sampled))},
+                             (("greedy", base.greedy), ("aa", base.aa), ("sequential", base.sequential),
+                              ("sampled", base.sampled))},
                 "candidate": {k: (v.to_json() if v is not None else None) for k, v in
                               (("greedy", cand.greedy), ("sequential", cand.sequential), ("sampled", cand.sampled))}}
         paths = write_report(result, runs, report_dir)
