@@ -18,7 +18,7 @@ def test_cli_end_to_end_passes_lookahead(demo_model: Path, tmp_path: Path) -> No
     policy = tmp_path / "policy.yaml"
     policy.write_text("criteria:\n  sampled: {samples_per_item: 1, temperature: 0.8}\nruns: {latency_items: 2}\n")
     report = tmp_path / "report"
-    cmd = [sys.executable, "-m", "vllm_lookahead.cli", "gate", "--model", str(demo_model), "--limit", "2",
+    cmd = [sys.executable, "-m", "vllm_lookahead.cli", "gate", "--model", str(demo_model), "--limit", "1",
            "--tasks", "next_line,copy,json,test_name", "--policy", str(policy), "--report", str(report),
            "--candidate", "lookahead:k=4"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -27,9 +27,9 @@ def test_cli_end_to_end_passes_lookahead(demo_model: Path, tmp_path: Path) -> No
     assert "verdict: PASS" in proc.stdout and "| exact_match |" in proc.stdout
     assert "WARNING" not in proc.stdout  # vLLM's logging goes to stderr, stdout is the verdict
     result = json.loads((report / "report.json").read_text())
-    assert result["n_items"] == 8 and result["exact_match"]["candidate"]["mismatches"] == 0
+    assert result["n_items"] == 4 and result["exact_match"]["candidate"]["mismatches"] == 0
     assert result["latency"]["candidate"]["drafted_tokens"] > 0
     sampled = next(c for c in result["criteria"] if c["name"] == "sampled")
-    assert sampled["measured"] is not None and result["sampled"]["n_candidate"] == 8
+    assert sampled["measured"] is not None and result["sampled"]["n_candidate"] == 4
     assert "data:image/png;base64," in (report / "report.html").read_text()
     assert "**PASS**" in (report / "summary.md").read_text()

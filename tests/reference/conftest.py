@@ -35,9 +35,12 @@ def build_tiny_llama(seed: int = 0, vocab: int = 48, init_range: float = 0.3) ->
     return model
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread():
     """Run these tests on one intra-op thread, then restore the setting.
+
+    Module scope (autouse fixtures come first within their scope) so that the module-scoped model
+    and greedy-output fixtures run on one thread too.
 
     Why: on the shared 2-core CI machine, torch's default thread pool oversubscribes the cores and
     makes the many tiny matmuls of a decoder 20-80x slower; one thread keeps this suite in budget.

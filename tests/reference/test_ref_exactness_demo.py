@@ -19,7 +19,7 @@ from vllm_lookahead.reference import (
 )
 
 pytestmark = pytest.mark.slow
-MAX_NEW = 32
+MAX_NEW = 48
 
 
 @pytest.fixture(scope="module")
