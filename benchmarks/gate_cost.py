@@ -51,11 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", default="/tmp/gate-cost-report")
     args = ap.parse_args(argv)
 
+    from vllm_lookahead.decoders import parse_spec
     from vllm_lookahead.gate import stats
     from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
     from vllm_lookahead.gate.policy import load_policy
     from vllm_lookahead.gate.run import GateInputs, evaluate, preflight, run_baseline, run_candidate
-    from vllm_lookahead.gate.spec import parse_spec
 
     pol = load_policy()
     items = load_eval_set(DEFAULT_EVAL_SET, limit=args.limit)

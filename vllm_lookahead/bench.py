@@ -1,4 +1,4 @@
-"""``vllm-lookahead bench``: none vs ngram vs lookahead (and suffix) on the same prompts, side by side.
+"""``vllm-lookahead bench``: none vs ngram vs lookahead on the same prompts, side by side.
 
 For each method and batch size: compression (generated tokens per target forward pass), acceptance
 rate and mean accepted length, tokens/s, per-token latency p50/p95, engine steps, and the fraction of
@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from vllm_lookahead.engine import DecoderSpecError, StepCounter, make_llm, parse_decoder
+from vllm_lookahead.decoders import SpecError, parse_spec
+from vllm_lookahead.engine import StepCounter, make_llm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,9 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", default="open",
                     help="open | copy | mixed (held-out stdlib test/ code) or a JSONL file with a 'prompt' field")
     ap.add_argument("--n", type=int, default=64, help="number of prompts (default 64)")
-    ap.add_argument("--methods", default="none,ngram,lookahead",
-                    help="comma-separated decoder specs, e.g. none,ngram:k=4,lookahead:k=4,ngram=4")
-    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens when a spec omits k (default 4)")
+    ap.add_argument("--methods", default="none,ngram:k=4,lookahead:k=4",
+                    help="decoder specs separated by commas or spaces, e.g. 'none ngram:k=4,n_min=1 lookahead:k=4,ngram=3'"
+                         " (SPEC syntax: docs/gate.md)")
     ap.add_argument("--batch-sizes", default="1,8,32", help="concurrent requests per generate() call")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -66,15 +67,15 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
 
     from vllm_lookahead.vllm import proposer as proposer_mod
 
-    spec = parse_decoder(spec_text, args.k)
+    spec = parse_spec(spec_text)
     tok_limit = args.max_tokens
     llm = make_llm(model, spec, dtype=args.dtype, max_num_seqs=max(batch_sizes), seed=args.seed,
                    enforce_eager=not args.compile, max_model_len=2048)
     tokenizer = llm.get_tokenizer()
-    max_prompt = 2048 - tok_limit - (spec.k or 0) - 8
+    max_prompt = 2048 - tok_limit - spec.k - 8
     prompts = [p for p in prompts if len(tokenizer.encode(p)) <= max_prompt]
     sp = SamplingParams(temperature=0.0, max_tokens=tok_limit)
-    results: dict[str, Any] = {"method": spec.label, "by_batch_size": {}}
+    results: dict[str, Any] = {"method": spec.text, "by_batch_size": {}}
     llm.generate(prompts[:2], sp, use_tqdm=False)  # warm-up (first-call allocations)
     for bs in batch_sizes:
         proposer_mod.PROFILE.reset()
@@ -222,14 +223,12 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model or str(demo_model_dir())
     try:
-        specs = [s for s in args.methods.split(",") if s]
-        # specs may contain commas inside params: re-join pieces that have no method name
         specs = _split_specs(args.methods)
         for s in specs:
-            parse_decoder(s, args.k)
+            parse_spec(s)
         batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
         prompts = load_prompts(args.prompts, args.n, args.seed)
-    except (DecoderSpecError, ValueError) as e:
+    except (SpecError, ValueError) as e:
         print(f"vllm-lookahead bench: {e}", file=sys.stderr)
         return 2
     if not Path(model, "config.json").exists():
@@ -251,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "command": "vllm-lookahead bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": model, "prompts": args.prompts, "n_prompts": len(prompts), "max_tokens": args.max_tokens,
-        "dtype": args.dtype, "k_default": args.k, "machine": {"cpu_count": __import__("os").cpu_count(),
+        "dtype": args.dtype, "machine": {"cpu_count": __import__("os").cpu_count(),
                                                              "platform": platform.platform()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": [{**r, "by_batch_size": {b: {k: v for k, v in m.items() if k != "token_ids"}
@@ -273,7 +272,7 @@ def _split_specs(text: str) -> list[str]:
     """Split 'none,ngram:k=4,lookahead:k=4,ngram=4' into specs: a piece with '=' but no ':' before it
     belongs to the previous spec."""
     out: list[str] = []
-    for piece in text.split(","):
+    for piece in text.replace(" ", ",").split(","):
         piece = piece.strip()
         if not piece:
             continue

@@ -1,106 +1,17 @@
-"""Build in-process vLLM engines for the bench, the demo and the release gate, one decoder spec at a time.
+"""Build in-process vLLM engines for the bench and the demo, one decoder spec at a time.
 
 In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``) so that one
 process owns the engine, start-up is faster, and forward passes can be counted by wrapping the model
-runner (``StepCounter``).  The ``decoder`` strings are the ones users type on the command line:
-``none``, ``ngram[:k=4,min=1,max=4]``, ``lookahead[:k=4,ngram=4,pool_size=8,...]``,
-``suffix[:k=4]`` and ``custom:pkg.module.Class[:k=4]``.
+runner (``StepCounter``).  Decoders are the SPEC strings of ``vllm_lookahead.decoders``.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-
-class DecoderSpecError(ValueError):
-    pass
-
-
-@dataclass
-class DecoderSpec:
-    method: str
-    k: int = 0
-    params: dict[str, Any] = field(default_factory=dict)
-    class_path: str | None = None
-
-    @property
-    def label(self) -> str:
-        if self.method == "none":
-            return "none"
-        extra = ",".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{self.method}:k={self.k}" + (f",{extra}" if extra else "")
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        if self.method == "none":
-            return {}
-        if self.method == "ngram":
-            return {"speculative_config": {
-                "method": "ngram", "num_speculative_tokens": self.k,
-                "prompt_lookup_min": int(self.params.get("min", 1)),
-                "prompt_lookup_max": int(self.params.get("max", 4))}}
-        if self.method == "suffix":
-            return {"speculative_config": {"method": "suffix", "num_speculative_tokens": self.k}}
-        if self.method == "lookahead":
-            return {"speculative_config": {"model": "vllm_lookahead.LookaheadProposer",
-                                           "num_speculative_tokens": self.k},
-                    "additional_config": {"lookahead": dict(self.params)}}
-        if self.method == "custom":
-            return {"speculative_config": {"model": self.class_path, "num_speculative_tokens": self.k},
-                    "additional_config": {"lookahead": dict(self.params)} if self.params else {}}
-        raise DecoderSpecError(f"unknown decoder method {self.method!r}")
-
-
-def _parse_value(v: str) -> Any:
-    low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return v
-
-
-def parse_decoder(spec: str, default_k: int = 4) -> DecoderSpec:
-    """Parse ``method[:key=value,...]`` (``custom:pkg.mod.Class[:...]``) with clear errors."""
-    spec = spec.strip()
-    if not spec:
-        raise DecoderSpecError("empty decoder spec; use none, ngram, lookahead, suffix or custom:pkg.Class")
-    method, _, rest = spec.partition(":")
-    class_path = None
-    if method == "custom":
-        class_path, _, rest = rest.partition(":")
-        if "." not in class_path:
-            raise DecoderSpecError(f"{spec!r}: custom needs a dotted class path, e.g. custom:pkg.module.Class:k=4")
-    if method not in ("none", "ngram", "lookahead", "suffix", "custom"):
-        raise DecoderSpecError(f"{spec!r}: unknown method {method!r}; use none, ngram, lookahead, suffix or custom")
-    params: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise DecoderSpecError(f"{spec!r}: expected key=value, got {item!r}")
-        params[key.strip()] = _parse_value(value.strip())
-    if method == "none":
-        if params:
-            raise DecoderSpecError(f"{spec!r}: 'none' takes no parameters")
-        return DecoderSpec("none")
-    k = params.pop("k", default_k)
-    if not isinstance(k, int) or not 1 <= k <= 32:
-        raise DecoderSpecError(f"{spec!r}: k must be an integer in 1..32")
-    if method == "lookahead":
-        from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError
-
-        try:
-            LookaheadConfig.from_dict(params)
-        except LookaheadConfigError as e:
-            raise DecoderSpecError(f"{spec!r}: {e}") from None
-    if method == "ngram" and set(params) - {"min", "max"}:
-        raise DecoderSpecError(f"{spec!r}: ngram takes k, min, max")
-    return DecoderSpec(method, k, params, class_path)
+from vllm_lookahead.decoders import DecoderSpec
 
 
 def make_llm(model: str, decoder: DecoderSpec, *, dtype: str = "float32", max_model_len: int = 2048,
@@ -120,7 +31,7 @@ def make_llm(model: str, decoder: DecoderSpec, *, dtype: str = "float32", max_mo
         enable_prefix_caching=True,
     )
     kwargs.update(decoder.engine_kwargs())
-    if decoder.method != "none":
+    if decoder.speculative:
         kwargs["per_request_spec_decode_metrics"] = "summary"
     kwargs.update(extra or {})
     return LLM(**kwargs)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from vllm_lookahead.decoders import SpecError, parse_spec
 from vllm_lookahead.gate import stats
 from vllm_lookahead.gate.analysis import analyse, load_classifiers
 from vllm_lookahead.gate.checkers import check, cut_block
@@ -19,7 +20,6 @@ from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, EvalItem, EvalSetError
 from vllm_lookahead.gate.policy import PolicyError, load_policy, validate
 from vllm_lookahead.gate.report import markdown_summary, write_report
 from vllm_lookahead.gate.sandbox import run_python
-from vllm_lookahead.gate.spec import SpecError, parse_spec
 
 pytestmark = pytest.mark.unit
 

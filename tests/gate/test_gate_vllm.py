@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from vllm_lookahead.decoders import parse_spec
 from vllm_lookahead.gate.engine import ArmRuns
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
 from vllm_lookahead.gate.policy import load_policy
 from vllm_lookahead.gate.run import GateInputs, evaluate, preflight, run_baseline, run_candidate
-from vllm_lookahead.gate.spec import parse_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

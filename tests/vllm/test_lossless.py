@@ -103,7 +103,8 @@ def test_greedy_identical_under_preemption(engine_factory):
     outputs = {}
     preempted = {}
     for spec in ("none", "lookahead:k=4"):
-        llm = engine_factory(spec, extra={"num_gpu_blocks_override": 12, "block_size": 16})
+        # 20 blocks x 32 tokens = 640 cached tokens for 32 requests of ~100-400 tokens each
+        llm = engine_factory(spec, max_model_len=512, extra={"num_gpu_blocks_override": 20, "block_size": 32})
         outs = llm.generate(prompts, sp, use_tqdm=False)
         outputs[spec] = [list(o.outputs[0].token_ids) for o in outs]
         preempted[spec] = sum(getattr(o.metrics, "num_preemptions", 0) or 0 for o in outs)

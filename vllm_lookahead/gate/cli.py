@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from vllm_lookahead.decoders import SPEC_HELP, SpecError, parse_spec
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, EvalSetError, load_eval_set
 from vllm_lookahead.gate.policy import DEFAULT_POLICY, PolicyError, load_policy
-from vllm_lookahead.gate.spec import SPEC_HELP, SpecError, parse_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO_ROOT / "models" / "demo-code-4l"

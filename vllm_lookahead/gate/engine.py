@@ -23,8 +23,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from vllm_lookahead.decoders import DecoderSpec
 from vllm_lookahead.gate.evalset import EvalItem
-from vllm_lookahead.gate.spec import DecoderSpec
 
 
 @dataclass

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_lookahead.decoders import DecoderSpec, SpecError, check_class
 from vllm_lookahead.gate.analysis import analyse, load_classifiers
 from vllm_lookahead.gate.engine import ArmRuns, EngineOptions, run_arm
 from vllm_lookahead.gate.evalset import EvalItem
 from vllm_lookahead.gate.report import write_report
-from vllm_lookahead.gate.spec import DecoderSpec, SpecError, check_class
 
 
 class UsageError(ValueError):

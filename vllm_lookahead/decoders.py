@@ -1,4 +1,4 @@
-"""Decoder SPEC strings: how the gate's ``--baseline`` / ``--candidate`` name a decoder.
+"""Decoder SPEC strings: how the CLIs (`gate --baseline/--candidate`, `bench --methods`) name a decoder.
 
 One short string per decoder keeps the command line readable and the report self-describing::
 
