@@ -218,27 +218,3 @@ def test_batch_budget_and_busy_threshold():
 def test_prefill_rows_get_no_draft():
     d = LookaheadDrafter(LookaheadConfig(), 4)
     assert d.step([RowStep("r", [1, 2, 1, 2], 4, [], prompt_len=8)]) == [[]]
-
-
-def test_cost_model_learns_the_slope_and_gates_drafts():
-    from vllm_lookahead.core.cost_model import StepCostModel
-
-    m = StepCostModel(min_steps=10)
-    assert m.draft_allocation([0.9], [4], 1) == [4], "unfitted: the static policy decides"
-    for i in range(200):  # compute-bound hardware: 1 ms fixed + 0.25 ms per query token
-        tokens = 32 + (i % 5) * 8
-        m.observe(tokens, 0.001 + 0.00025 * tokens)
-    beta, alpha = m.fit()
-    assert abs(alpha - 0.00025) < 1e-6 and abs(beta - 0.001) < 1e-5
-    # 32 requests: yield 32 tokens / 9 ms = 3.6k tok/s; a draft row buys r tokens per 0.25 ms = 4k*r tok/s
-    alloc = m.draft_allocation([0.95, 0.5, 0.1] + [0.0] * 29, [4] * 32, 32)
-    assert alloc[0] == 4 and alloc[1] == 0 and alloc[2] == 0 and sum(alloc) == 4
-
-
-def test_cost_model_keeps_drafts_when_rows_are_free():
-    from vllm_lookahead.core.cost_model import StepCostModel
-
-    m = StepCostModel(min_steps=10)
-    for i in range(100):  # memory-bound: step time does not grow with tokens
-        m.observe(8 + (i % 4) * 4, 0.005)
-    assert m.draft_allocation([0.2, 0.05], [4, 4], 8) == [4, 4]

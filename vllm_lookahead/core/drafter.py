@@ -6,10 +6,7 @@ runner's rows each step.  The policy keeps lookahead from making serving slower:
     stops drafting and only probes every ``probe_interval`` steps (not at batch sizes up to
     ``free_draft_batch_size``, where draft rows are nearly free);
   * per batch: above ``batch_size_threshold`` running requests only requests whose EMA clears
-    ``busy_min_acceptance`` draft, and all drafts together fit ``max_batch_draft_tokens`` (best first);
-  * measured cost: above ``free_draft_batch_size`` requests, a request drafts only while its expected
-    accepted tokens per draft row beat the step's current tokens per second at the measured cost of a
-    row (``cost_model.StepCostModel``, fitted online from step wall times).
+    ``busy_min_acceptance`` draft, and all drafts together fit ``max_batch_draft_tokens`` (best first).
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import LookaheadConfig
-from .cost_model import StepCostModel
 from .state import RequestState
 
 
@@ -45,7 +41,6 @@ class LookaheadDrafter:
         self.k = num_speculative_tokens
         self.states: dict[str, RequestState] = {}
         self._dormant: OrderedDict[str, RequestState] = OrderedDict()
-        self.cost = StepCostModel()
 
     def _state(self, row: RowStep) -> RequestState:
         st = self.states.get(row.req_id)
@@ -54,12 +49,8 @@ class LookaheadDrafter:
             self.states[row.req_id] = st
         return st
 
-    def step(self, rows: list[RowStep], step_seconds: float | None = None) -> list[list[int]]:
-        """Observe one engine step for every running request and return the next drafts, in row order.
-        ``step_seconds``: wall time of the step just finished, when the caller can measure it (feeds
-        the cost model; steps that carried prefill rows are left out, their size is unknown here)."""
-        if step_seconds is not None and rows and all(r.new_tokens for r in rows):
-            self.cost.observe(sum(1 + r.verified for r in rows), step_seconds)
+    def step(self, rows: list[RowStep]) -> list[list[int]]:
+        """Observe one engine step for every running request and return the next drafts, in row order."""
         live = {r.req_id for r in rows}
         for rid in [r for r in self.states if r not in live]:  # finished or preempted
             self._dormant[rid] = self.states.pop(rid)
@@ -90,9 +81,6 @@ class LookaheadDrafter:
                 st.idle_steps += 1
                 probe = st.idle_steps % cfg.probe_interval == 0
                 want.append(self.k if probe else 0)
-        if len(rows) > cfg.free_draft_batch_size:
-            decoding = sum(1 for r in rows if r.new_tokens)
-            want = self.cost.draft_allocation([st.ema for st in states], want, decoding)
         total = sum(want)
         if total <= cfg.max_batch_draft_tokens:
             return want

@@ -57,7 +57,6 @@ class LookaheadProposer:
         self._runner: Any = None
         self._captured: tuple[list[str], Any, list[int]] | None = None
         self._warned = False
-        self._last_propose: float | None = None
         logger.info("vllm-lookahead proposer: k=%d config=%s", self.k, self.config.as_dict())
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -123,9 +122,6 @@ class LookaheadProposer:
             rows.append(RowStep(req_id=rid, context=token_ids_cpu[i], num_tokens=int(num_tokens_no_spec[i]),
                                 new_tokens=list(new), verified=int(verified), argmax=am,
                                 prompt_len=int(batch.num_prompt_tokens[i])))
-        now = time.perf_counter()
-        step_seconds = None if self._last_propose is None else now - self._last_propose
-        self._last_propose = now
-        drafts = self.drafter.step(rows, step_seconds)
+        drafts = self.drafter.step(rows)
         # Never more than k per row: longer drafts crash vLLM's spec-decode metrics (IndexError).
         return [d[: self.k] for d in drafts]
