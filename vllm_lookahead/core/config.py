@@ -41,7 +41,7 @@ class LookaheadConfig:
     """Below this EMA acceptance a request stops drafting, then probes every `probe_interval` steps --
     only once more than `free_draft_batch_size` requests run: below that, decoding is memory-bound and
     extra draft rows are close to free, so a weak draft still beats none."""
-    free_draft_batch_size: int = 4
+    free_draft_batch_size: int = 8
     probe_interval: int = 8
     max_batch_draft_tokens: int = 256
     """Token budget for draft rows in one step across the batch; best requests get slots first."""
