@@ -29,29 +29,19 @@ def make_verify(model):
     return verify
 
 
-def prompt_lookup_baseline(verify, prompt, max_new, k, min_n=1, max_n=4, eos=None):
+class PromptLookupDrafter:
     """vLLM-ngram-like drafting: longest suffix match (max_n..min_n) in the context, nothing else."""
-    from vllm_lookahead.core.context_index import ContextIndex
 
-    ctx = list(prompt)
-    idx = ContextIndex(min_n, max_n)
-    idx.extend(ctx)
-    out, steps = [], 0
-    while len(out) < max_new and (eos is None or not out or out[-1] != eos):
-        draft, _ = idx.lookup(k) if out else ([], 0)
-        draft = draft[: max(0, max_new - len(out) - 1)]
-        am = verify(ctx, draft)
-        steps += 1
-        a = 0
-        while a < len(draft) and draft[a] == am[a]:
-            a += 1
-        new = am[: a + 1]
-        if eos is not None and eos in new:
-            new = new[: new.index(eos) + 1]
-        ctx += new
-        out += new
-        idx.extend(new)
-    return out[:max_new], steps
+    def __init__(self, k: int, min_n: int = 1, max_n: int = 4):
+        from vllm_lookahead.core.context_index import ContextIndex
+
+        self.k = k
+        self.index = ContextIndex(min_n, max_n)
+
+    def step(self, rows):
+        (row,) = rows
+        self.index.extend(list(row.context[len(self.index.tokens) : row.num_tokens]))
+        return [self.index.lookup(self.k)[0]]
 
 
 def main(argv=None) -> int:
@@ -88,9 +78,10 @@ def main(argv=None) -> int:
     t0 = time.time()
     for p in tqdm(prompts, desc="prompts", unit="prompt"):
         ids = tok(p).input_ids
-        ref, steps = prompt_lookup_baseline(verify, ids, args.max_tokens, args.k, eos=eos)
+        base = simulate(verify, ids, args.max_tokens, args.k, eos=eos, drafter=PromptLookupDrafter(args.k))
+        ref = base.tokens
         rows["prompt_lookup"][0] += len(ref)
-        rows["prompt_lookup"][1] += steps
+        rows["prompt_lookup"][1] += base.steps
         for c, cfg in cfgs.items():
             from vllm_lookahead.core import LookaheadDrafter
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -25,13 +24,10 @@ from pathlib import Path
 import pytest
 from helm_chart_support import component, container_env
 
+from vllm_lookahead.devtools.kafka_broker import free_port
+
 pytestmark = [pytest.mark.helm, pytest.mark.kafka]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -67,7 +63,7 @@ def test_rendered_sidecar_runs_and_answers_probes(render, kafka_broker, tmp_path
 
     from quality_sidecar.synth import SampleStream
 
-    port, topic = _free_port(), f"helm-live-{uuid.uuid4().hex[:8]}"
+    port, topic = free_port(), f"helm-live-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic)
     docs = render(
         None,

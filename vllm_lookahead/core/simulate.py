@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .config import LookaheadConfig
 from .drafter import LookaheadDrafter, RowStep
 
 Verify = Callable[[Sequence[int], Sequence[int]], Sequence[int]]
+
+
+class Drafter(Protocol):
+    """Anything that turns one engine step per row into next drafts (LookaheadDrafter's shape)."""
+
+    def step(self, rows: list[RowStep]) -> list[list[int]]: ...
 
 
 @dataclass
@@ -32,7 +39,7 @@ class SimResult:
 
 def simulate(verify: Verify, prompt: Sequence[int], max_new_tokens: int, k: int,
              cfg: LookaheadConfig | None = None, eos: int | None = None,
-             drafter: LookaheadDrafter | None = None, req_id: str = "r0") -> SimResult:
+             drafter: Drafter | None = None, req_id: str = "r0") -> SimResult:
     drafter = drafter or LookaheadDrafter(cfg or LookaheadConfig(), k)
     ctx = list(prompt)
     out: list[int] = []
