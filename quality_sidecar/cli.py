@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--dlq", default=None, help="file://PATH.jsonl for invalid lines (default: count only)")
     score.add_argument("--config", default=None, help="YAML config as for run")
     score.add_argument("--permutations", type=int, default=200, help="permutations for the text MMD test")
+    score.add_argument("--text-embedder", default=None,
+                       help="text vectors for the MMD test: hashed (default) | minilm (extra 'embeddings') | "
+                            "pkg.module:Class (overrides monitor.text_embedder of --config)")
     return p
 
 
@@ -97,7 +100,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_score(args: argparse.Namespace) -> int:
     from .offline import score_file
 
-    report = score_file(args.input, load_config(args.config), dlq=args.dlq, permutations=args.permutations)
+    conf = load_config(args.config)
+    if args.text_embedder:
+        conf = {**conf, "monitor": {**(conf.get("monitor") or {}), "text_embedder": args.text_embedder}}
+    report = score_file(args.input, conf, dlq=args.dlq, permutations=args.permutations)
     Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     c = report["counts"]
     print(f"scored {c['samples']} samples ({c['dlq']} invalid) -> {args.json}", file=sys.stderr)

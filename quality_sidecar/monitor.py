@@ -29,9 +29,10 @@ from .detectors import (
     finish_reason_test,
     holm,
     length_test,
-    linear_mmd_test,
+    linear_mmd,
     rate_test,
 )
+from .detectors.embedders import make_embedder
 from .features import Features
 
 RATE_CHARTS = (*CLASSIFIER_NAMES, "truncated")
@@ -50,6 +51,7 @@ class MonitorConfig:
     exact_match_delta: float = 0.015
     pair_cache: int = 50_000
     text_test: bool = True
+    text_embedder: str = "hashed"
     restart_after_alarm: bool = False
 
     @property
@@ -176,7 +178,8 @@ class ArmComparison:
     """Baseline vs candidate windows of one model, tested every ``window`` candidate samples.
 
     Tests: length (CvM), finish reason (chi-square), each behavioural rate (Fisher), text (linear
-    MMD on hashed n-grams).  Holm across them; alarm when the smallest adjusted p-value is below
+    MMD on ``cfg.text_embedder`` vectors: hashed n-grams by default, MiniLM as an option; each
+    sample is embedded once, when it first enters a test).  Holm across them; alarm when the smallest adjusted p-value is below
     alpha = window / ert_each.
     """
 
@@ -187,6 +190,13 @@ class ArmComparison:
         self.alpha = cfg.window / cfg.ert_each
         self.alarm = False
         self.last: dict[str, Result] = {}
+
+    def _embedded(self, feats: list[Features]) -> np.ndarray:
+        todo = [f for f in feats if f.embedding is None]
+        if todo:
+            for f, v in zip(todo, make_embedder(self.cfg.text_embedder)([f.text for f in todo])):
+                f.embedding = v
+        return np.array([f.embedding for f in feats]) if feats else np.zeros((0, 1), np.float32)
 
     def update(self, arm: str, feats: list[Features]) -> list[Alarm]:
         if arm not in self.win:
@@ -203,7 +213,8 @@ class ArmComparison:
         tests += [rate_test([_flag_of(f, k) for f in b], [_flag_of(f, k) for f in c], name=k)
                   for k in RATE_CHARTS]
         if self.cfg.text_test:
-            tests.append(linear_mmd_test([f.text for f in b], [f.text for f in c]))
+            m = min(len(b), len(c)) // 2 * 2
+            tests.append(linear_mmd(self._embedded(b[:m]), self._embedded(c[:m])))
         adj = holm([t.pvalue for t in tests])
         alarms = []
         for t, p in zip(tests, adj):

@@ -16,6 +16,7 @@ from .detectors import (
     rate_test,
     text_mmd_test,
 )
+from .detectors.embedders import make_embedder
 from .monitor import RATE_CHARTS
 from .service import Pipeline, ServiceConfig
 from .sinks import JsonWriter
@@ -54,7 +55,8 @@ def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutat
         tests += [rate_test([f.truncated if k == "truncated" else f.flags.get(k, False) for f in b],
                             [f.truncated if k == "truncated" else f.flags.get(k, False) for f in c], name=k)
                   for k in RATE_CHARTS]
-        tests.append(text_mmd_test([f.text for f in b], [f.text for f in c], n_permutations=permutations))
+        tests.append(text_mmd_test([f.text for f in b], [f.text for f in c], n_permutations=permutations,
+                                   embed=make_embedder(cfg.monitor.text_embedder)))
         adj = holm([t.pvalue for t in tests])
         report["tests"] = [{"name": t.name, "statistic": t.statistic, "pvalue": t.pvalue, "pvalue_holm": float(p),
                             "significant_at_0.05": bool(p < 0.05), "detail": t.detail} for t, p in zip(tests, adj)]

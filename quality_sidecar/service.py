@@ -24,6 +24,7 @@ from typing import Any
 
 from .classifiers import classify_batch, default_classifiers
 from .classifiers.format import FormatClassifier
+from .detectors.embedders import make_embedder
 from .features import Features, extract
 from .monitor import Alarm, ArmComparison, MonitorConfig, PairTable, StreamMonitor
 from .sinks import AlertSink, JsonWriter, Metrics, dlq_record
@@ -90,6 +91,8 @@ class Pipeline:
         clfs = default_classifiers(cfg.safety_backend)
         self.classifiers = [FormatClassifier(code_fraction=cfg.format_code_fraction)
                             if c.name == "format_invalid" else c for c in clfs]
+        if cfg.monitor.text_test:  # load (and check) the text embedder now, not at the first window
+            make_embedder(cfg.monitor.text_embedder)
         self.streams: dict[tuple[str, str], StreamMonitor] = {}
         self.compare: dict[str, ArmComparison] = {}
         self.pairs: dict[str, PairTable] = {}

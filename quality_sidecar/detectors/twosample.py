@@ -6,8 +6,9 @@ can import them directly (documented in docs/sidecar.md):
 * ``length_test``      - Cramer-von Mises two-sample (lengths are discrete and tied: no KS);
 * ``finish_reason_test`` - chi-square on the finish-reason contingency table;
 * ``rate_test``        - Fisher exact test on a behavioural flag (refusal, format_invalid, ...);
-* ``text_mmd_test``    - MMD^2 on hashed word n-gram vectors, RBF kernel (median heuristic),
-                         permutation null (offline / gate);
+* ``text_mmd_test``    - MMD^2 on text embeddings (hashed word n-grams by default, MiniLM sentence
+                         embeddings as an option: ``embedders.py``), RBF kernel (median
+                         heuristic), permutation null (offline / gate);
 * ``linear_mmd_test``  - linear-time MMD with its asymptotic normal null (streaming: cheap, and
                          valid at the tiny per-window alpha an ERT budget asks for);
 * ``holm`` / ``benjamini_hochberg`` - multiple-testing control across metrics.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Result
+from .embedders import Embedder, HashedNgramEmbedder
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,8 @@ def rate_test(a: Sequence[bool], b: Sequence[bool], name: str = "rate",
 
 
 def hashed_ngrams(texts: Sequence[str | None], n_features: int = 2 ** 12) -> np.ndarray:
-    """L2-normalised hashed word 1-2 gram counts (dense; texts are a window, not a corpus)."""
-    from sklearn.feature_extraction.text import HashingVectorizer
-
-    vec = HashingVectorizer(n_features=n_features, ngram_range=(1, 2), alternate_sign=False,
-                            norm="l2", token_pattern=r"(?u)\b\w+\b|[^\w\s]")
-    return vec.transform([t or "" for t in texts]).toarray()
+    """L2-normalised hashed word 1-2 gram counts (the default text embedding)."""
+    return HashedNgramEmbedder(n_features)(texts)
 
 
 def _rbf_gamma(z: np.ndarray, rng: np.random.Generator) -> float:
@@ -92,41 +90,62 @@ def _rbf_gamma(z: np.ndarray, rng: np.random.Generator) -> float:
 
 
 def text_mmd_test(a: Sequence[str | None], b: Sequence[str | None], n_permutations: int = 200,
-                  seed: int = 0, max_n: int = 1000) -> TestResult:
-    """Unbiased MMD^2 with an RBF kernel on hashed n-grams; permutation p-value (add-one)."""
-    rng = np.random.default_rng(seed)
+                  seed: int = 0, max_n: int = 1000, embed: Embedder | None = None) -> TestResult:
+    """Unbiased MMD^2 with an RBF kernel on text embeddings (default: hashed n-grams);
+    permutation p-value (add-one)."""
     a, b = list(a)[-max_n:], list(b)[-max_n:]
     if len(a) < 5 or len(b) < 5:
         return TestResult("text_mmd", 0.0, 1.0, "too few samples")
-    z = hashed_ngrams(a + b)
+    z = (embed or hashed_ngrams)(a + b)
+    return mmd_permutation_test(z[:len(a)], z[len(a):], n_permutations, seed)
+
+
+def mmd_permutation_test(x: np.ndarray, y: np.ndarray, n_permutations: int = 200, seed: int = 0,
+                         name: str = "text_mmd") -> TestResult:
+    """Unbiased MMD^2 between two sets of vectors, RBF kernel (median heuristic), permutation null."""
+    rng = np.random.default_rng(seed)
+    z = np.vstack([x, y]).astype(np.float64)
     gamma = _rbf_gamma(z, rng)
     sq = (z * z).sum(1)
     k = np.exp(-gamma * np.maximum(0, sq[:, None] + sq[None, :] - 2 * z @ z.T))
     np.fill_diagonal(k, 0.0)
-    n, m = len(a), len(b)
+    n, m = len(x), len(y)
 
     def mmd(ix: np.ndarray) -> float:
-        x, y = ix[:n], ix[n:]
-        kxx = k[np.ix_(x, x)].sum() / (n * (n - 1))
-        kyy = k[np.ix_(y, y)].sum() / (m * (m - 1))
-        kxy = k[np.ix_(x, y)].mean()
+        xi, yi = ix[:n], ix[n:]
+        kxx = k[np.ix_(xi, xi)].sum() / (n * (n - 1))
+        kyy = k[np.ix_(yi, yi)].sum() / (m * (m - 1))
+        kxy = k[np.ix_(xi, yi)].mean()
         return kxx + kyy - 2 * kxy
 
     ix = np.arange(n + m)
     obs = mmd(ix)
     null = np.array([mmd(rng.permutation(ix)) for _ in range(n_permutations)])
     p = (1 + (null >= obs).sum()) / (n_permutations + 1)
-    return TestResult("text_mmd", float(obs), float(p), f"gamma={gamma:.3g}")
+    return TestResult(name, float(obs), float(p), f"gamma={gamma:.3g}")
 
 
-def linear_mmd_test(a: Sequence[str | None], b: Sequence[str | None]) -> TestResult:
-    """Gretton's linear-time MMD^2 (RBF, median heuristic) with its normal null, one-sided."""
-    from scipy.stats import norm
-
+def linear_mmd_test(a: Sequence[str | None], b: Sequence[str | None],
+                    embed: Embedder | None = None) -> TestResult:
+    """Gretton's linear-time MMD^2 on text embeddings (default: hashed n-grams), normal null."""
     m = min(len(a), len(b)) // 2 * 2
     if m < 20:
         return TestResult("text_mmd", 0.0, 1.0, "too few samples")
-    x, y = hashed_ngrams(list(a)[:m]), hashed_ngrams(list(b)[:m])
+    emb = embed or hashed_ngrams
+    return linear_mmd(emb(list(a)[:m]), emb(list(b)[:m]))
+
+
+def linear_mmd(x: np.ndarray, y: np.ndarray, name: str = "text_mmd") -> TestResult:
+    """Linear-time MMD^2 (RBF, median heuristic) between two sets of vectors; one-sided normal null.
+
+    O(n) and streaming-friendly; its power is below the quadratic test's at the same n, which is
+    the price of testing every window on the consumer's budget."""
+    from scipy.stats import norm
+
+    m = min(len(x), len(y)) // 2 * 2
+    if m < 20:
+        return TestResult(name, 0.0, 1.0, "too few samples")
+    x, y = np.asarray(x[:m], np.float64), np.asarray(y[:m], np.float64)
     gamma = _rbf_gamma(np.vstack([x, y]), np.random.default_rng(0))
 
     def kern(u, v):
@@ -136,7 +155,7 @@ def linear_mmd_test(a: Sequence[str | None], b: Sequence[str | None]) -> TestRes
     h = kern(x1, x2) + kern(y1, y2) - kern(x1, y2) - kern(x2, y1)
     se = h.std(ddof=1) / np.sqrt(len(h))
     z = float(h.mean() / se) if se > 0 else 0.0
-    return TestResult("text_mmd", float(h.mean()), float(norm.sf(z)), f"z={z:.2f}")
+    return TestResult(name, float(h.mean()), float(norm.sf(z)), f"z={z:.2f}")
 
 
 def holm(pvalues: Sequence[float]) -> np.ndarray:

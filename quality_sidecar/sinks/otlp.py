@@ -2,8 +2,12 @@
 
 Enabled when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set (and
 ``OTEL_METRICS_EXPORTER`` is not ``none``).  The exporter protocol follows
-``OTEL_EXPORTER_OTLP_PROTOCOL`` (grpc default, or http/protobuf).  Instruments are observable gauges
-that read the Prometheus registry at export time, so both sinks always agree.
+``OTEL_EXPORTER_OTLP_PROTOCOL`` (grpc default, or http/protobuf); the interval follows
+``OTEL_METRIC_EXPORT_INTERVAL`` (ms).  Instruments are observable and read the Prometheus registry at
+export time, so both sinks always agree: a Prometheus counter becomes an OTel observable *counter*
+(a cumulative monotonic sum; a collector's Prometheus exporter shows it as ``<name>_total`` again, and
+APMs can take rates of it), a gauge becomes an observable gauge.  The last values are exported on
+shutdown.
 """
 
 from __future__ import annotations
@@ -53,6 +57,10 @@ def start_otlp(metrics: Metrics):
         return cb
 
     for fam in metrics.registry.collect():
-        meter.create_observable_gauge(fam.name, callbacks=[callback_for(fam.name)], description=fam.documentation)
+        create = {"counter": meter.create_observable_counter,
+                  "gauge": meter.create_observable_gauge}.get(fam.type)
+        if create is None:  # the registry holds counters and gauges only (see metrics.py)
+            raise TypeError(f"no OTLP mapping for Prometheus {fam.type} {fam.name}")
+        create(fam.name, callbacks=[callback_for(fam.name)], description=fam.documentation)
     log.info("OTLP metrics export on (%s)", proto)
     return provider

@@ -8,7 +8,10 @@ Used by the telemetry tests and benchmarks; the binary comes from ``scripts/setu
         trace = jaeger.wait_for_trace(trace_id_hex, min_spans=1)
 
 Jaeger v2 is an OpenTelemetry Collector build; the ports are set in a generated config file (the
-defaults 4317/4318/16686/13133/8888 may be taken by another service on the machine).
+defaults 4317/4318/16686/13133/8888 may be taken by another service on the machine).  Being a
+collector, it also runs a *metrics* pipeline here: the same OTLP receiver feeds the collector's
+``prometheus`` exporter, so a test reads back OTLP metrics exactly as a collector received them
+(``metrics_text()`` / ``metric_values(name)``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ service:
       receivers: [otlp]
       processors: [batch]
       exporters: [jaeger_storage_exporter]
+    metrics:
+      receivers: [otlp]
+      exporters: [prometheus]
   telemetry:
     metrics:
       level: none
@@ -74,6 +80,10 @@ processors:
 exporters:
   jaeger_storage_exporter:
     trace_storage: memstore
+  prometheus:
+    endpoint: 127.0.0.1:{prometheus}
+    resource_to_telemetry_conversion:
+      enabled: true
 """
 
 
@@ -82,7 +92,8 @@ class JaegerServer:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="jaeger-"))
         self.ports = {name: free_port() for name in
-                      ("otlp_grpc", "otlp_http", "query_http", "query_grpc", "health")}
+                      ("otlp_grpc", "otlp_http", "query_http", "query_grpc", "health",
+                                   "prometheus")}
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -158,6 +169,22 @@ class JaegerServer:
                 return trace
             time.sleep(0.3)
         raise TimeoutError(f"trace {trace_id} not in jaeger after {timeout:.0f} s (last: {trace})")
+
+    def metrics_text(self) -> str:
+        """The collector's Prometheus exporter page: every OTLP metric point received so far."""
+        url = f"http://127.0.0.1:{self.ports['prometheus']}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read().decode()
+
+    def metric_values(self, name: str) -> dict[str, float]:
+        """``{labels: value}`` of one metric family on the exporter page (labels as the raw
+        ``{k="v",...}`` string, "" when none)."""
+        out: dict[str, float] = {}
+        for line in self.metrics_text().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                labels, _, value = line[len(name):].rpartition(" ")
+                out[labels] = float(value)
+        return out
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is None:
