@@ -4,6 +4,9 @@ One short string per decoder keeps the command line readable and the report self
 
     none                                       no speculation
     ngram:k=4[,n_min=2,n_max=4]                vLLM's prompt-lookup (n-gram) proposer
+    suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1,cache=10000]
+                                               vLLM's suffix decoding (needs arctic-inference,
+                                               extra "suffix"); drafts up to k tokens
     lookahead:k=4[,window=W,ngram=N,pool_size=G,...]
                                                vllm_lookahead.LookaheadProposer (CONTRACTS.md); keys
                                                and ranges are the proposer's (core.LookaheadConfig)
@@ -17,15 +20,20 @@ spec raises :class:`SpecError` with a message that says what is allowed.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 LOOKAHEAD_CLASS = "vllm_lookahead.LookaheadProposer"
 NGRAM_KEYS = ("n_min", "n_max")
+# suffix SPEC key -> vLLM SpeculativeConfig field (vLLM's defaults when a key is left out)
+SUFFIX_KEYS = {"depth": "suffix_decoding_max_tree_depth", "spec_factor": "suffix_decoding_max_spec_factor",
+               "min_prob": "suffix_decoding_min_token_prob", "cache": "suffix_decoding_max_cached_requests"}
 MAX_K = 16
 SPEC_HELP = (
-    "decoder SPEC: none | ngram:k=4[,n_min=2,n_max=4] | lookahead:k=4[,window=W,ngram=N,pool_size=G]"
+    "decoder SPEC: none | ngram:k=4[,n_min=2,n_max=4] | suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1]"
+    " | lookahead:k=4[,window=W,ngram=N,pool_size=G]"
     " | custom:pkg.module.Class:k=4[,key=value,...]"
 )
 
@@ -39,7 +47,7 @@ class DecoderSpec:
     """A parsed decoder: its kind, k, parameters and the vLLM engine arguments it needs."""
 
     text: str
-    kind: str  # none | ngram | lookahead | custom
+    kind: str  # none | ngram | suffix | lookahead | custom
     k: int = 0
     params: dict[str, Any] = field(default_factory=dict)
     class_path: str | None = None
@@ -56,6 +64,9 @@ class DecoderSpec:
             return {"speculative_config": {
                 "method": "ngram", "num_speculative_tokens": self.k,
                 "prompt_lookup_min": self.params["n_min"], "prompt_lookup_max": self.params["n_max"]}}
+        if self.kind == "suffix":
+            return {"speculative_config": {"method": "suffix", "num_speculative_tokens": self.k,
+                                           **{SUFFIX_KEYS[k]: v for k, v in self.params.items()}}}
         if self.kind == "lookahead":
             return {"speculative_config": {"model": LOOKAHEAD_CLASS, "num_speculative_tokens": self.k},
                     "additional_config": {"lookahead": dict(self.params)}}
@@ -133,6 +144,26 @@ def parse_spec(spec: str, *, check_import: bool = True) -> DecoderSpec:
         if n_min > n_max:
             raise SpecError(f"{spec!r}: n_min ({n_min}) > n_max ({n_max})")
         return DecoderSpec(text, "ngram", k, {"n_min": n_min, "n_max": n_max})
+    if kind == "suffix":
+        params = _kv(rest, spec)
+        k = _take_k(spec, params)
+        unknown = set(params) - set(SUFFIX_KEYS)
+        if unknown:
+            raise SpecError(f"{spec!r}: unknown suffix parameter(s) {sorted(unknown)}; "
+                            f"allowed: k, {', '.join(SUFFIX_KEYS)}")
+        if "depth" in params:
+            _positive_int(spec, "depth", params["depth"])
+        if "cache" in params and params["cache"] != 0:  # 0 = no global tree (prompt trees only)
+            _positive_int(spec, "cache", params["cache"])
+        for key, hi in (("spec_factor", None), ("min_prob", 1.0)):
+            v = params.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0
+                                  or (hi is not None and v > hi)):
+                raise SpecError(f"{spec!r}: {key} must be a number >= 0{f' and <= {hi}' if hi else ''}, got {v!r}")
+        if check_import and importlib.util.find_spec("arctic_inference") is None:
+            raise SpecError(f"{spec!r}: vLLM's suffix decoding needs arctic-inference "
+                            "(pip install 'vllm-lookahead[suffix]')")
+        return DecoderSpec(text, "suffix", k, params)
     if kind == "lookahead":
         params = _kv(rest, spec)
         k = _take_k(spec, params)

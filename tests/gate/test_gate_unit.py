@@ -35,6 +35,9 @@ def test_spec_none_ngram_lookahead_custom() -> None:
     cu = parse_spec("custom:vllm_lookahead.gate.faulty.CorruptTokenProposer:k=2,fraction=0.25")
     assert cu.engine_kwargs()["speculative_config"]["model"] == "vllm_lookahead.gate.faulty.CorruptTokenProposer"
     assert cu.engine_kwargs()["additional_config"] == {"custom_proposer": {"fraction": 0.25}}
+    sx = parse_spec("suffix:k=4,depth=16,min_prob=0.2").engine_kwargs()["speculative_config"]
+    assert sx == {"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 16,
+                  "suffix_decoding_min_token_prob": 0.2}
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -43,7 +46,8 @@ def test_spec_none_ngram_lookahead_custom() -> None:
     ("lookahead:k=4,foo=1", "unknown key"), ("none:k=1", "no parameters"),
     ("custom:NoDots:k=4", "dotted class path"), ("custom:no_such_pkg.mod.Cls:k=4", "cannot import"),
     ("custom:vllm_lookahead.gate.faulty.Nope:k=4", "has no class"), ("ngram:k=4,k=5", "twice"),
-    ("ngram:k=99", "<= 16"),
+    ("ngram:k=99", "<= 16"), ("suffix:k=4,tree=3", "unknown suffix parameter"),
+    ("suffix:k=4,min_prob=2", "min_prob must be"), ("suffix:k=4,depth=0", "depth must be"),
 ])
 def test_spec_errors_are_clear(bad: str, words: str) -> None:
     with pytest.raises(SpecError, match=words):
