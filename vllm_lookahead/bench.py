@@ -112,6 +112,8 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
             "drafted_tokens": drafted, "accepted_tokens": accepted,
             "tpot_ms_p50": _ms(percentile(tpot, 50)), "tpot_ms_p95": _ms(percentile(tpot, 95)),
             "proposer_cpu_ms_total": 1000 * prof.seconds, "proposer_calls": prof.calls,
+            # proposer + hook CPU per request row per step: the part that does not shrink with the model
+            "proposer_us_per_row": 1e6 * prof.seconds / prof.rows if prof.rows else None,
             "proposer_share_of_step_time": prof.seconds / counter.seconds if counter.seconds else None,
             "token_ids": token_ids,
         }
@@ -177,7 +179,7 @@ def reference_compression(model: str, prompts: list[str], args) -> dict[str, Any
 
 def print_table(results: list[dict[str, Any]], reference: dict[str, Any] | None) -> None:
     hdr = f"{'method':<28}{'batch':>6}{'compr. (tok/step)':>19}{'accept':>8}{'mean acc. len':>14}" \
-          f"{'tok/s':>9}{'TPOT p50 ms':>12}{'p95 ms':>8}{'steps':>7}{'exact vs none':>15}{'vs none@bs1':>12}{'proposer % step':>16}"
+          f"{'tok/s':>9}{'TPOT p50 ms':>12}{'p95 ms':>8}{'steps':>7}{'exact vs none':>15}{'vs none@bs1':>12}{'proposer % step':>16}{'us/row':>8}"
     print(hdr)
     print("-" * len(hdr))
     for r in results:
@@ -188,7 +190,8 @@ def print_table(results: list[dict[str, Any]], reference: dict[str, Any] | None)
                   f"{f(m['mean_accepted_length'], '.3f'):>14}{m['tokens_per_s']:>9.1f}{f(m['tpot_ms_p50'], '.2f'):>12}"
                   f"{f(m['tpot_ms_p95'], '.2f'):>8}{m['engine_steps']:>7}{f(m.get('exact_vs_none'), '.3f'):>15}"
                   f"{f(m.get('exact_vs_none_bs1'), '.3f'):>12}"
-                  f"{f(None if m['proposer_share_of_step_time'] is None else 100 * m['proposer_share_of_step_time'], '.2f'):>16}")
+                  f"{f(None if m['proposer_share_of_step_time'] is None else 100 * m['proposer_share_of_step_time'], '.2f'):>16}"
+                  f"{f(m.get('proposer_us_per_row'), '.1f'):>8}")
     if reference:
         print(f"HF full-LADE reference (W={reference['W']} N={reference['N']} G={reference['G']}, "
               f"{reference['prompts']} prompts): compression {reference['compression']:.3f} tokens/step")

@@ -18,16 +18,18 @@ class ContextIndex:
         self._pending: dict[int, tuple[tuple[int, ...], int] | None] = {n: None for n in self._last}
 
     def extend(self, new_tokens: list[int]) -> None:
-        for t in new_tokens:
-            self.tokens.append(int(t))
-            end = len(self.tokens)
-            for n, table in self._last.items():
+        toks = self.tokens
+        start = len(toks)
+        toks.extend(new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens])
+        end = len(toks)
+        for n, table in self._last.items():  # levels outside, tokens inside: fewer dict look-ups
+            pending = self._pending[n]
+            for e in range(max(start + 1, n), end + 1):
                 # Register the previous suffix only now, so that a lookup never matches the suffix itself.
-                pending = self._pending[n]
                 if pending is not None:
                     table[pending[0]] = pending[1]
-                if end >= n:
-                    self._pending[n] = (tuple(self.tokens[end - n : end]), end)
+                pending = (tuple(toks[e - n : e]), e)
+            self._pending[n] = pending
 
     def lookup(self, max_tokens: int) -> tuple[list[int], int]:
         """(continuation of up to ``max_tokens`` tokens, matched suffix length); ([], 0) if no match."""

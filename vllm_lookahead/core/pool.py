@@ -45,8 +45,9 @@ class NGramPool:
     def add_sequence(self, tokens: list[int] | tuple[int, ...], start: int = 0) -> None:
         """Index every N-gram of ``tokens`` that ends at or after position ``start + N - 1``."""
         n = self.n
-        for i in range(max(0, start), len(tokens) - n + 1):
-            self.add(int(tokens[i]), tuple(int(t) for t in tokens[i + 1 : i + n]))
+        toks = [int(t) for t in tokens] if not isinstance(tokens, list) else tokens
+        for i in range(max(0, start), len(toks) - n + 1):
+            self.add(toks[i], tuple(toks[i + 1 : i + n]))
 
     def get(self, key: int) -> list[tuple[int, ...]]:
         """Continuations for ``key``, most recent first (empty list if none)."""

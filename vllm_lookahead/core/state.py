@@ -79,7 +79,7 @@ class RequestState:
         if argmax is None or len(argmax) != len(drafts) + 1:
             self.jacobi = []
             return
-        out = [int(t) for t in argmax]
+        out = _ints(argmax)
         inp = [int(context[start_pos])] + drafts
         self.jacobi = out[accepted + 1 :][: self.window]
         self._update_trajectories(start_pos, inp, out, accepted)
@@ -90,14 +90,13 @@ class RequestState:
         start = self.seen
         if start == 0:  # first sight: bound the one-off indexing cost of a long prompt
             start = max(0, num_tokens - self.cfg.max_prompt_index_tokens)
-        new = [int(t) for t in context[start:num_tokens]]
-        self.index.extend(new)
         # n-grams ending in the new tokens; without prompt seeding, only keys from the last prompt
         # token on (its continuation is output) enter the pool.
         key_floor = 0 if self.cfg.seed_from_prompt else max(self.prompt_len - 1, 0)
-        lo = max(start - (self.cfg.ngram - 1), key_floor, 0)
-        window = [int(t) for t in context[lo:num_tokens]]
-        self.pool.add_sequence(window)
+        lo = min(max(start - (self.cfg.ngram - 1), key_floor, 0), start)
+        window = _ints(context[lo:num_tokens])  # one conversion to Python ints for both indexes
+        self.index.extend(window[start - lo:])
+        self.pool.add_sequence(window, start=max(key_floor - lo, 0))
         self.seen = num_tokens
 
     def _update_trajectories(self, start_pos: int, inp: list[int], out: list[int], accepted: int) -> None:
@@ -166,6 +165,11 @@ class RequestState:
                 break
             draft.extend(nxt[0][: budget - len(draft)])
         return draft
+
+
+def _ints(tokens: np.ndarray | list[int]) -> list[int]:
+    """Python ints from a numpy row (``tolist`` is ~10x faster than ``int()`` per element)."""
+    return tokens.tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens]
 
 
 def _agreement(cand: tuple[int, ...] | list[int], ref: list[int]) -> int:

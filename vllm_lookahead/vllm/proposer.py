@@ -41,6 +41,7 @@ class _Profile:
     def reset(self) -> None:
         self.seconds = 0.0
         self.calls = 0
+        self.rows = 0  # request rows handled, summed over calls (cost per row transfers across models)
 
 
 PROFILE = _Profile()
@@ -94,6 +95,7 @@ class LookaheadProposer:
         finally:
             PROFILE.seconds += time.perf_counter() - t0
             PROFILE.calls += 1
+            PROFILE.rows += len(sampled_token_ids)
 
     def _propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                  token_ids_cpu: np.ndarray) -> list[list[int]]:
