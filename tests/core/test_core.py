@@ -210,9 +210,24 @@ def test_batch_budget_and_busy_threshold():
     rows = [RowStep(f"r{i}", [1, 2, 1, 2, 1, 2], 6, [2], prompt_len=5) for i in range(5)]
     drafts = d.step(rows)
     assert sum(len(x) for x in drafts) <= 6
-    busy = LookaheadDrafter(LookaheadConfig(batch_size_threshold=2, busy_min_acceptance=0.9), 4)
+    busy = LookaheadDrafter(LookaheadConfig(batch_size_threshold=2, busy_min_acceptance=0.9,
+                                            confident_fallback=False), 4)
     drafts = busy.step(rows)  # initial EMA 0.5 < 0.9 and the batch is busy: nobody drafts
     assert all(len(x) == 0 for x in drafts)
+
+
+def test_busy_batch_falls_back_to_confident_context_matches_only():
+    """Below the floor a request drafts what prompt lookup would (a >= 2-token suffix seen before),
+    never the pool or Jacobi fill; a request without such a match drafts nothing."""
+    d = LookaheadDrafter(LookaheadConfig(batch_size_threshold=2, busy_min_acceptance=0.9), 4)
+    repeat = [7, 8, 9, 5, 7, 8]  # suffix (7, 8) seen before -> continuation 9 5 7 8
+    once = [7, 8, 9, 5, 6, 8]  # only the 1-token suffix (8) repeats: not confident
+    rows = [RowStep("a", repeat, 6, [8], prompt_len=5), RowStep("b", once, 6, [8], prompt_len=5),
+            RowStep("c", repeat, 6, [8], prompt_len=5)]
+    drafts = d.step(rows)
+    assert drafts == [[9, 5, 7, 8], [], [9, 5, 7, 8]]
+    free = LookaheadDrafter(LookaheadConfig(), 4).step(rows)  # not busy: b drafts from the 1-token match
+    assert free[1] != []
 
 
 def test_prefill_rows_get_no_draft():

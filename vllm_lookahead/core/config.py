@@ -48,6 +48,12 @@ class LookaheadConfig:
     batch_size_threshold: int = 16
     """Above this many running requests, only requests with EMA acceptance >= busy_min_acceptance draft."""
     busy_min_acceptance: float = 0.4
+    confident_fallback: bool = True
+    """A request whose EMA is below the floor in force does not go silent: it still drafts *confident*
+    context matches (a suffix of >= `confident_match` tokens seen before, what prompt lookup drafts),
+    without pool or Jacobi fill.  Those drafts are accepted far more often than the speculative fill, so
+    they pay even when draft rows cost compute (busy batches on CPU)."""
+    confident_match: int = 2
     max_dormant_requests: int = 256
     """Per-request state kept for requests absent from the batch (preempted); LRU beyond it."""
 
@@ -77,6 +83,7 @@ class LookaheadConfig:
         need(self.max_batch_draft_tokens >= 0, "max_batch_draft_tokens", "must be >= 0")
         need(self.batch_size_threshold >= 1, "batch_size_threshold", "must be >= 1")
         need(0.0 <= self.busy_min_acceptance <= 1.0, "busy_min_acceptance", "must be in [0, 1]")
+        need(1 <= self.confident_match <= 32, "confident_match", "must be in 1..32")
         need(self.max_dormant_requests >= 0, "max_dormant_requests", "must be >= 0")
 
     @classmethod

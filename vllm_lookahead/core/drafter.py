@@ -6,7 +6,11 @@ runner's rows each step.  The policy keeps lookahead from making serving slower:
     stops drafting and only probes every ``probe_interval`` steps (not at batch sizes up to
     ``free_draft_batch_size``, where draft rows are nearly free);
   * per batch: above ``batch_size_threshold`` running requests only requests whose EMA clears
-    ``busy_min_acceptance`` draft, and all drafts together fit ``max_batch_draft_tokens`` (best first).
+    ``busy_min_acceptance`` draft freely, and all drafts together fit ``max_batch_draft_tokens`` (best
+    first);
+  * a request below the floor in force still drafts *confident* context matches (``confident_fallback``:
+    a suffix of >= ``confident_match`` tokens seen before, no pool/Jacobi fill), because those are
+    accepted often enough to pay for their rows even when rows cost compute.
 """
 
 from __future__ import annotations
@@ -61,36 +65,40 @@ class LookaheadDrafter:
             st = self._state(row)
             st.observe(row.context, row.num_tokens, row.new_tokens, row.verified, row.argmax)
             states.append(st)
-        budgets = self._budgets(rows, states)
-        return [st.propose(b) if b > 0 else st.propose(0) for st, b in zip(states, budgets)]
+        budgets, confident = self._budgets(rows, states)
+        return [st.propose(b, confident_only=c) for st, b, c in zip(states, budgets, confident)]
 
-    def _budgets(self, rows: list[RowStep], states: list[RequestState]) -> list[int]:
+    def _budgets(self, rows: list[RowStep], states: list[RequestState]) -> tuple[list[int], list[bool]]:
+        """Draft budget per row, and whether the row may only draft confident context matches."""
         cfg = self.cfg
         busy = len(rows) > cfg.batch_size_threshold
         free = len(rows) <= cfg.free_draft_batch_size
-        want = []
+        want, confident = [], []
         for row, st in zip(rows, states):
             if not row.new_tokens:  # still in prefill: nothing to draft from yet
                 want.append(0)
+                confident.append(False)
                 continue
             floor = cfg.busy_min_acceptance if busy else (0.0 if free else cfg.min_acceptance)
             if st.ema >= floor:
                 st.idle_steps = 0
                 want.append(self.k)
+                confident.append(False)
             else:
                 st.idle_steps += 1
                 probe = st.idle_steps % cfg.probe_interval == 0
-                want.append(self.k if probe else 0)
+                want.append(self.k if probe or cfg.confident_fallback else 0)
+                confident.append(not probe)
         total = sum(want)
         if total <= cfg.max_batch_draft_tokens:
-            return want
+            return want, confident
         budgets = [0] * len(want)
         left = cfg.max_batch_draft_tokens
         for i in sorted(range(len(want)), key=lambda i: -states[i].ema):
             take = min(want[i], left)
             budgets[i] = take
             left -= take
-        return budgets
+        return budgets, confident
 
     def forget(self, req_id: str) -> None:
         self.states.pop(req_id, None)

@@ -126,14 +126,21 @@ class RequestState:
         self._chains = []
 
     # ------------------------------------------------------------------ propose
-    def propose(self, budget: int) -> list[int]:
-        """A draft of at most ``budget`` tokens for the positions after the last committed token."""
+    def propose(self, budget: int, confident_only: bool = False) -> list[int]:
+        """A draft of at most ``budget`` tokens for the positions after the last committed token.
+
+        ``confident_only``: only a context match of >= ``cfg.confident_match`` tokens, no pool or
+        Jacobi fill (the policy's fallback when speculative drafting does not pay)."""
         budget = min(budget, self.k)
         if budget <= 0 or self.seen == 0:
             self.last_draft, self.last_source = [], SOURCE_NONE
             return []
         toks = self.index.tokens
         cont, match_len = self.index.lookup(budget)
+        if confident_only:
+            draft = list(cont) if cont and match_len >= self.cfg.confident_match else []
+            self.last_draft, self.last_source = draft, (SOURCE_CONTEXT if draft else SOURCE_NONE)
+            return list(draft)
         jac = self.jacobi
         draft: list[int]
         if cont and (match_len >= 2 or (jac and cont[0] == jac[0])):
