@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=25.0, help="wall-clock cap; stops early if reached")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--card-only", action="store_true",
+                    help="do not train: redo the samples and the model card of the model already in --out")
     args = ap.parse_args(argv)
+    if args.card_only:
+        return rewrite_card(args.out)
 
     import torch
     from tqdm import tqdm
@@ -255,20 +259,49 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def sample_outputs(model, tok) -> list[dict]:
+# Prompts end at the end of a line's text, not after its newline: the BPE merges a newline with the
+# next line's indentation, so a prompt cut after "\n" asks the model for a token split it never saw
+# (and it answers with a new top-level line).
+SAMPLE_PROMPTS = [
+    "import os\nimport sys\n\n\ndef read_lines(path):\n    \"\"\"Return the lines of the file at *path*.\"\"\"",
+    "class Stack:\n    \"\"\"A last-in, first-out stack.\"\"\"\n\n    def __init__(self):\n        self._items = []\n\n"
+    "    def push(self, item):",
+    "def fib(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:",
+    "    for i in range(len(items)):\n        if items[i] is None:",
+]
+
+
+def sample_outputs(model, tok, max_new_tokens: int = 64) -> list[dict]:
+    """Greedy and sampled (T=0.8, top-k 40, seed 0) continuations of a few fixed prompts, float32."""
     import torch
 
-    prompts = ["import os\n\n\ndef ", "class Stack:\n    def __init__(self):\n", "def fib(n):\n    ",
-               "    for i in range(len(items)):\n"]
     model = model.float().eval()
     result = []
-    for p in prompts:
+    for p in SAMPLE_PROMPTS:
         ids = tok(p, return_tensors="pt").input_ids
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=64, do_sample=False)
-        result.append({"prompt": p, "greedy": tok.decode(out[0, ids.shape[1]:])})
+            greedy = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+            torch.manual_seed(0)
+            sampled = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.8,
+                                     top_k=40)
+        result.append({"prompt": p, "greedy": tok.decode(greedy[0, ids.shape[1]:]),
+                       "sampled": tok.decode(sampled[0, ids.shape[1]:])})
     model.to(torch.bfloat16)
     return result
+
+
+def rewrite_card(out: Path) -> int:
+    """Redo samples + card from the saved model and its training_log.json (no training)."""
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    summary = json.loads((out / "training_log.json").read_text())
+    model = LlamaForCausalLM.from_pretrained(out)
+    tok = PreTrainedTokenizerFast.from_pretrained(out)
+    summary["samples"] = sample_outputs(model, tok)
+    (out / "training_log.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_card(summary, out / "README.md")
+    print(f"rewrote {out / 'README.md'}", file=sys.stderr)
+    return 0
 
 
 def plot_loss(log: list[dict], unigram: float, path: Path) -> None:
@@ -320,13 +353,19 @@ def write_card(s: dict, path: Path) -> None:
         "```bash",
         f"{s['command']}",
         "```",
-        "Timings vary with machine load; the held-out numbers above are from the run that produced these weights.",
+        "Timings vary with machine load (this run: one thread, the machine otherwise nearly idle); the held-out",
+        "numbers above are from the run that produced these weights. `--card-only` redoes the samples and this",
+        "card from the saved weights without training.",
         "",
-        "## Greedy samples (64 tokens, float32)",
+        "## Samples (64 new tokens, float32)",
+        "",
+        "Each block is one of four fixed prompts (`SAMPLE_PROMPTS` in the training script) and its continuation.",
         "",
     ]
     for smp in s["samples"]:
-        lines += ["```python", smp["prompt"] + smp["greedy"], "```", ""]
+        lines += ["Greedy:", "", "```python", smp["prompt"] + smp["greedy"], "```", ""]
+        if "sampled" in smp:
+            lines += ["Sampled (T=0.8, top-k 40, seed 0):", "", "```python", smp["prompt"] + smp["sampled"], "```", ""]
     lines += [
         "## Limits",
         "A few million parameters: it writes plausible-looking Python but loops quickly under greedy decoding,",
