@@ -62,6 +62,9 @@ def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+WARMUP_PROMPTS = ["def warm_up(x):\n    return x + 1\n", "import sys\n\nprint(sys.argv)\n"]
+
+
 def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list[int], args) -> dict[str, Any]:
     from vllm import SamplingParams
 
@@ -69,15 +72,22 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
 
     spec = parse_spec(spec_text)
     tok_limit = args.max_tokens
-    llm = make_llm(model, spec, dtype=args.dtype, max_num_seqs=max(batch_sizes), seed=args.seed,
-                   enforce_eager=not args.compile, max_model_len=2048)
-    tokenizer = llm.get_tokenizer()
-    max_prompt = 2048 - tok_limit - spec.k - 8
-    prompts = [p for p in prompts if len(tokenizer.encode(p)) <= max_prompt]
     sp = SamplingParams(temperature=0.0, max_tokens=tok_limit)
     results: dict[str, Any] = {"method": spec.text, "by_batch_size": {}}
-    llm.generate(prompts[:2], sp, use_tqdm=False)  # warm-up (first-call allocations)
+    llm = None
     for bs in batch_sizes:
+        # A fresh engine per batch size: a decoder with cross-request memory (suffix decoding's global
+        # tree, prefix caching) must not see the outputs of the previous batch size's run of the very
+        # same prompts.  Warm-up (first-call allocations) on prompts outside the measured set.
+        del llm
+        gc.collect()
+        llm = make_llm(model, spec, dtype=args.dtype, max_num_seqs=max(batch_sizes), seed=args.seed,
+                       enforce_eager=not args.compile, max_model_len=2048)
+        if bs == batch_sizes[0]:
+            max_prompt = 2048 - tok_limit - spec.k - 8
+            tokenizer = llm.get_tokenizer()
+            prompts = [p for p in prompts if len(tokenizer.encode(p)) <= max_prompt]
+        llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
         proposer_mod.PROFILE.reset()
         outs = []
         with StepCounter() as counter:

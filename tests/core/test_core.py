@@ -233,3 +233,25 @@ def test_busy_batch_falls_back_to_confident_context_matches_only():
 def test_prefill_rows_get_no_draft():
     d = LookaheadDrafter(LookaheadConfig(), 4)
     assert d.step([RowStep("r", [1, 2, 1, 2], 4, [], prompt_len=8)]) == [[]]
+
+
+def test_shared_pool_carries_output_ngrams_across_requests_but_not_prompts():
+    d = LookaheadDrafter(LookaheadConfig(min_match=3, max_match=4), 4)
+    prompt_a = [900, 901, 902, 903]
+    out_a = [10, 11, 12, 13, 14]
+    ctx = prompt_a[:]
+    for t in out_a:  # request a generates 10 11 12 13 14 one token per step (no drafts accepted)
+        ctx = ctx + [t]
+        d.step([RowStep("a", ctx, len(ctx), [t], prompt_len=len(prompt_a))])
+    # request b ends its prompt on 10: its own pool has nothing for 10, the shared pool has a's output
+    b = [500, 501, 10]
+    assert d.step([RowStep("b", b, 3, [10], prompt_len=2)]) == [[11, 12, 13]]  # one 4-gram, no chain
+    # a's *prompt* n-grams are not shared: b ending on 901 gets no draft from them
+    c = [600, 601, 901]
+    assert d.step([RowStep("c", c, 3, [901], prompt_len=2)]) == [[]]
+    off = LookaheadDrafter(LookaheadConfig(min_match=3, max_match=4, shared_pool_keys=0), 4)
+    ctx = prompt_a[:]
+    for t in out_a:
+        ctx = ctx + [t]
+        off.step([RowStep("a", ctx, len(ctx), [t], prompt_len=len(prompt_a))])
+    assert off.step([RowStep("b", b, 3, [10], prompt_len=2)]) == [[]]

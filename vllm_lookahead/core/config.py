@@ -24,6 +24,11 @@ class LookaheadConfig:
     """G: continuations kept per key token (LRU)."""
     max_pool_keys: int = 32768
     """Bound on distinct keys per request; least recently used keys are evicted beyond it."""
+    shared_pool_keys: int = 65536
+    """Keys of the pool shared by all requests of the engine (0 = off): n-grams of every request's
+    *output* enter it, and a request consults it when its own pool has nothing for the key.  A model
+    repeats its own boilerplate across requests (suffix decoding's global tree exploits the same fact);
+    LADE's pool is per request and forgets it."""
     seed_from_prompt: bool = True
     """Index the prompt's n-grams (LADE's prompt pool); output n-grams are always indexed."""
     max_prompt_index_tokens: int = 8192
@@ -72,6 +77,7 @@ class LookaheadConfig:
         need(2 <= self.ngram <= 16, "ngram", "must be in 2..16")
         need(1 <= self.pool_size <= 1024, "pool_size", "must be in 1..1024")
         need(1 <= self.max_pool_keys <= 10_000_000, "max_pool_keys", "must be in 1..10,000,000")
+        need(0 <= self.shared_pool_keys <= 10_000_000, "shared_pool_keys", "must be in 0..10,000,000")
         need(self.max_prompt_index_tokens >= 0, "max_prompt_index_tokens", "must be >= 0")
         need(1 <= self.min_match <= self.max_match, "min_match", "must be >= 1 and <= max_match")
         need(self.max_match <= 32, "max_match", "must be <= 32")

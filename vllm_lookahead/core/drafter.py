@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import LookaheadConfig
+from .pool import NGramPool
 from .state import RequestState
 
 
@@ -44,12 +45,14 @@ class LookaheadDrafter:
         self.cfg = cfg
         self.k = num_speculative_tokens
         self.states: dict[str, RequestState] = {}
+        self.shared = (NGramPool(cfg.ngram, cfg.pool_size, cfg.shared_pool_keys)
+                       if cfg.shared_pool_keys > 0 else None)
         self._dormant: OrderedDict[str, RequestState] = OrderedDict()
 
     def _state(self, row: RowStep) -> RequestState:
         st = self.states.get(row.req_id)
         if st is None:
-            st = self._dormant.pop(row.req_id, None) or RequestState(self.cfg, self.k, row.prompt_len)
+            st = self._dormant.pop(row.req_id, None) or RequestState(self.cfg, self.k, row.prompt_len, self.shared)
             self.states[row.req_id] = st
         return st
 

@@ -33,8 +33,9 @@ class RequestStats:
 
 
 class RequestState:
-    def __init__(self, cfg: LookaheadConfig, k: int, prompt_len: int = 0):
+    def __init__(self, cfg: LookaheadConfig, k: int, prompt_len: int = 0, shared: NGramPool | None = None):
         self.cfg = cfg
+        self.shared = shared  # the engine-wide pool of output n-grams (None = off)
         self.k = k
         self.window = cfg.window or k
         self.prompt_len = prompt_len
@@ -97,6 +98,8 @@ class RequestState:
         window = _ints(context[lo:num_tokens])  # one conversion to Python ints for both indexes
         self.index.extend(window[start - lo:])
         self.pool.add_sequence(window, start=max(key_floor - lo, 0))
+        if self.shared is not None:  # output n-grams only: prompts are the client's, not the model's
+            self.shared.add_sequence(window, start=max(self.prompt_len - 1 - lo, 0))
         self.seen = num_tokens
 
     def _update_trajectories(self, start_pos: int, inp: list[int], out: list[int], accepted: int) -> None:
@@ -146,7 +149,7 @@ class RequestState:
         if cont and (match_len >= 2 or (jac and cont[0] == jac[0])):
             draft, source = list(cont), SOURCE_CONTEXT
         else:
-            cands = self.pool.get(toks[-1])
+            cands = self.pool.get(toks[-1]) or self._shared_get(toks[-1])
             if cands:
                 best = max(range(len(cands)), key=lambda i: (_agreement(cands[i], jac), -i))
                 draft, source = list(cands[best]), SOURCE_POOL
@@ -162,12 +165,15 @@ class RequestState:
         self.last_draft, self.last_source = draft, source
         return list(draft)
 
+    def _shared_get(self, key: int) -> list[tuple[int, ...]]:
+        return self.shared.get(key) if self.shared is not None else []
+
     def _extend(self, draft: list[int], budget: int) -> list[int]:
         """Fill the remaining slots by chaining pool look-ups from the draft's last token (extra draft
         rows are nearly free to verify while decoding is memory-bound)."""
         draft = draft[:budget]
         while draft and len(draft) < budget:
-            nxt = self.pool.get(draft[-1])
+            nxt = self.pool.get(draft[-1]) or self._shared_get(draft[-1])
             if not nxt:
                 break
             draft.extend(nxt[0][: budget - len(draft)])
