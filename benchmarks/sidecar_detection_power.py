@@ -232,6 +232,9 @@ def lag_section(rate: int, seconds: int, cheap: bool = True) -> dict:
                     "process; 2,500 warm-up samples (reference + calibration) excluded; 2 shared cores"}
 
 
+SECTIONS = ("detection", "clean", "charts", "throughput", "lag")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True, help="output JSON path")
@@ -242,24 +245,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chart-samples", type=int, default=1_000_000, help="samples per reference, chart level")
     ap.add_argument("--lag-seconds", type=int, default=30, help="duration of the 1,000 samples/s lag run")
     ap.add_argument("--skip-lag", action="store_true", help="no Kafka lag run")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated subset of {','.join(SECTIONS)}; a subset updates those sections of an "
+                         "existing --json file in place (and records the command per section)")
     a = ap.parse_args(argv)
-    res: dict = {"command": "OMP_NUM_THREADS=1 .venv/bin/python " + " ".join(["benchmarks/sidecar_detection_power.py", *(argv or sys.argv[1:])]),
-                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                             "note": "2 shared cores, 5 other engineers' jobs running"},
-                 "budget": {"ert_total_samples_per_stream": MonitorConfig().ert_total, "detectors": N_DETECTORS,
-                            "ert_per_detector": MonitorConfig().ert_each,
-                            "goal_false_alarms_per_100k": 1.0}}
+    sections = [x.strip() for x in a.sections.split(",") if x.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown section(s) {sorted(unknown)}; choose from {','.join(SECTIONS)}")
+    if a.skip_lag and "lag" in sections:
+        sections.remove("lag")
+    command = "OMP_NUM_THREADS=1 .venv/bin/python " + " ".join(["benchmarks/sidecar_detection_power.py", *(argv or sys.argv[1:])])
+    partial = set(sections) != set(SECTIONS) and Path(a.json).exists()
+    res: dict = json.loads(Path(a.json).read_text()) if partial else {}
+    res.setdefault("command", command)
+    res.setdefault("section_commands", {})
+    res["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
+                      "load_average_at_start": list(os.getloadavg())}
+    res["budget"] = {"ert_total_samples_per_stream": MonitorConfig().ert_total, "detectors": N_DETECTORS,
+                     "ert_per_detector": MonitorConfig().ert_each, "goal_false_alarms_per_100k": 1.0}
     t = time.time()
-    res["detection"] = detection_section(a.trials, a.max_after)
-    res["clean_full_pipeline"] = full_pipeline_clean(a.clean_per_arm)
-    print(f"[clean] {res['clean_full_pipeline']['false_alarms']} alarms", file=sys.stderr)
-    res["clean_chart_level"] = chart_level_clean(a.chart_refs, a.chart_samples)
-    print(f"[clean charts] {res['clean_chart_level']['false_alarms_all_charts']} alarms", file=sys.stderr)
-    res["throughput"] = [throughput(24_000, cheap=True), throughput(24_000, cheap=False)]
-    print(f"[throughput] {res['throughput']}", file=sys.stderr)
-    if not a.skip_lag:
+    if "detection" in sections:
+        res["detection"] = detection_section(a.trials, a.max_after)
+    if "clean" in sections:
+        res["clean_full_pipeline"] = full_pipeline_clean(a.clean_per_arm)
+        print(f"[clean] {res['clean_full_pipeline']['false_alarms']} alarms", file=sys.stderr)
+    if "charts" in sections:
+        res["clean_chart_level"] = chart_level_clean(a.chart_refs, a.chart_samples)
+        print(f"[clean charts] {res['clean_chart_level']['false_alarms_all_charts']} alarms", file=sys.stderr)
+    if "throughput" in sections:
+        res["throughput"] = [throughput(24_000, cheap=True), throughput(24_000, cheap=False)]
+        print(f"[throughput] {res['throughput']}", file=sys.stderr)
+    if "lag" in sections:
         res["lag"] = [lag_section(1000, a.lag_seconds, cheap=True), lag_section(1000, a.lag_seconds, cheap=False)]
         print(f"[lag] {res['lag']}", file=sys.stderr)
+    for sec in sections:
+        res["section_commands"][sec] = command
     res["wall_s"] = round(time.time() - t, 1)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(res, indent=2))
