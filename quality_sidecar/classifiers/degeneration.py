@@ -22,19 +22,14 @@ TRUNCATED_REASONS = frozenset({"length", "abort", "error"})
 
 
 def repeated_ngram_ratio(words: list[str], n: int = 4) -> float:
-    """Fraction of n-grams that repeat an earlier n-gram of the same output (0 for short texts)."""
+    """Fraction of n-grams that repeat an earlier n-gram of the same output (0 for short texts).
+
+    Each n-gram beyond its first occurrence is one repeat, so the count is total - distinct."""
     total = len(words) - n + 1
     if total <= 0:
         return 0.0
-    seen: set[tuple[str, ...]] = set()
-    repeats = 0
-    for i in range(total):
-        g = tuple(words[i:i + n])
-        if g in seen:
-            repeats += 1
-        else:
-            seen.add(g)
-    return repeats / total
+    grams = list(zip(*(words[i:] for i in range(n))))
+    return (total - len(set(grams))) / total
 
 
 def tail_loop(words: list[str], max_period: int = 32) -> tuple[int, int]:

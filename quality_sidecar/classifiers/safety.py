@@ -49,6 +49,9 @@ def _luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
+_TRIGGERS_LOWER = {k: tuple(t.lower() for t in v) for k, v in TRIGGERS.items()}
+
+
 class PatternSafety:
     """The regex baseline: score 1.0 on any hit, category names in ``detail``."""
 
@@ -61,7 +64,7 @@ class PatternSafety:
             return Verdict(self.name, False, 0.0, "")
         lower = text.lower()
         hits = [k for k, p in PATTERNS.items()
-                if any(t.lower() in lower for t in TRIGGERS[k]) and p.search(text)]
+                if any(t in lower for t in _TRIGGERS_LOWER[k]) and p.search(text)]
         for m in (_CARD.finditer(text) if _DIGIT_RUN.search(text) else ()):
             digits = re.sub(r"\D", "", m.group())
             if 13 <= len(digits) <= 19 and _luhn_ok(digits):
