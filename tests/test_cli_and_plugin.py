@@ -62,3 +62,27 @@ def test_importing_the_package_does_not_import_vllm():
     code = "import sys, vllm_lookahead, vllm_lookahead.core, quality_sidecar.schema; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_bench_end_to_end_writes_json_and_plot(tmp_path, batching):
+    """A tiny real run of the benchmark: every method and batch size reported, outputs identical to
+    `none`, lookahead's proposer profiled, JSON + plot written."""
+    import json
+
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, "-m", "vllm_lookahead.cli", "bench", "--prompts", "open", "--n", "6",
+                        "--methods", "none lookahead:k=4", "--batch-sizes", "1,3", "--max-tokens", "12",
+                        "--batching", batching, "--json", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["batching"] == batching and rep["n_prompts"] == 6
+    by = {x["method"]: x["by_batch_size"] for x in rep["results"]}
+    assert set(by) == {"none", "lookahead:k=4"} and set(by["none"]) == {"1", "3"}
+    for bs in ("1", "3"):
+        la = by["lookahead:k=4"][bs]
+        assert la["exact_vs_none"] == 1.0 and la["requests"] == 6
+        assert la["compression"] >= 1.0 and la["proposer_calls"] > 0 and la["proposer_us_per_row"] > 0
+    assert out.with_suffix(".png").stat().st_size > 1000

@@ -36,7 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--methods", default="none,ngram:k=4,lookahead:k=4",
                     help="decoder specs separated by commas or spaces, e.g. 'none ngram:k=4,n_min=1 lookahead:k=4,ngram=3'"
                          " (SPEC syntax: docs/gate.md)")
-    ap.add_argument("--batch-sizes", default="1,8,32", help="concurrent requests per generate() call")
+    ap.add_argument("--batch-sizes", default="1,8,32", help="concurrent requests (see --batching)")
+    ap.add_argument("--batching", choices=["continuous", "static"], default="continuous",
+                    help="continuous (default): all prompts submitted at once to an engine with max_num_seqs = "
+                         "batch size, so a finished request is replaced at once, as in serving; static: "
+                         "generate() on chunks of batch-size prompts, each chunk waits for its slowest request")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--compile", action="store_true", help="use torch.compile (slower start-up; default eager)")
@@ -81,8 +85,8 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
         # same prompts.  Warm-up (first-call allocations) on prompts outside the measured set.
         del llm
         gc.collect()
-        llm = make_llm(model, spec, dtype=args.dtype, max_num_seqs=max(batch_sizes), seed=args.seed,
-                       enforce_eager=not args.compile, max_model_len=2048)
+        llm = make_llm(model, spec, dtype=args.dtype, seed=args.seed, enforce_eager=not args.compile,
+                       max_num_seqs=bs if args.batching == "continuous" else max(batch_sizes), max_model_len=2048)
         if bs == batch_sizes[0]:
             max_prompt = 2048 - tok_limit - spec.k - 8
             tokenizer = llm.get_tokenizer()
@@ -92,8 +96,9 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
         outs = []
         with StepCounter() as counter:
             t0 = time.perf_counter()
-            for i in range(0, len(prompts), bs):
-                outs.extend(llm.generate(prompts[i : i + bs], sp, use_tqdm=False))
+            chunk = len(prompts) if args.batching == "continuous" else bs
+            for i in range(0, len(prompts), chunk):
+                outs.extend(llm.generate(prompts[i : i + chunk], sp, use_tqdm=False))
             wall = time.perf_counter() - t0
         token_ids = [list(o.outputs[0].token_ids) for o in outs]
         n_tokens = sum(map(len, token_ids))
@@ -269,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "command": "vllm-lookahead bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": model, "prompts": args.prompts, "n_prompts": len(prompts), "max_tokens": args.max_tokens,
-        "dtype": args.dtype, "machine": {"cpu_count": __import__("os").cpu_count(),
+        "dtype": args.dtype, "batching": args.batching, "machine": {"cpu_count": __import__("os").cpu_count(),
                                                              "platform": platform.platform()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": [{**r, "by_batch_size": {b: {k: v for k, v in m.items() if k != "token_ids"}

@@ -44,9 +44,12 @@ class LookaheadConfig:
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""
     min_acceptance: float = 0.15
     """Below this EMA acceptance a request stops drafting, then probes every `probe_interval` steps --
-    only once more than `free_draft_batch_size` requests run: below that, decoding is memory-bound and
-    extra draft rows are close to free, so a weak draft still beats none."""
-    free_draft_batch_size: int = 8
+    only once more than `free_draft_batch_size` requests run: up to that, every request drafts freely
+    (speculative fill included), because a weak draft still beats none while draft rows are close to
+    free.  Default 1: measured with continuous batching on a 2-core CPU, free drafting pays at one
+    request (2.07x none) but at 8 concurrent requests it cost 36% of the tokens/s that the confident-
+    match fallback keeps (benchmarks/results/README.md).  On a memory-bound GPU raise it (8-16)."""
+    free_draft_batch_size: int = 1
     probe_interval: int = 8
     max_batch_draft_tokens: int = 256
     """Token budget for draft rows in one step across the batch; best requests get slots first."""

@@ -4,7 +4,7 @@ Pure Python/numpy so that it is testable without vLLM; ``vllm_lookahead.vllm.pro
 runner's rows each step.  The policy keeps lookahead from making serving slower:
   * per request: an EMA of accepted tokens per drafted token; below ``min_acceptance`` the request
     stops drafting and only probes every ``probe_interval`` steps (not at batch sizes up to
-    ``free_draft_batch_size``, where draft rows are nearly free);
+    ``free_draft_batch_size`` (default 1), where draft rows are nearly free);
   * per batch: above ``batch_size_threshold`` running requests only requests whose EMA clears
     ``busy_min_acceptance`` draft freely, and all drafts together fit ``max_batch_draft_tokens`` (best
     first);
