@@ -35,7 +35,7 @@ def test_spec_none_ngram_lookahead_custom() -> None:
     cu = parse_spec("custom:vllm_lookahead.gate.faulty.CorruptTokenProposer:k=2,fraction=0.25")
     assert cu.engine_kwargs()["speculative_config"]["model"] == "vllm_lookahead.gate.faulty.CorruptTokenProposer"
     assert cu.engine_kwargs()["additional_config"] == {"custom_proposer": {"fraction": 0.25}}
-    sx = parse_spec("suffix:k=4,depth=16,min_prob=0.2").engine_kwargs()["speculative_config"]
+    sx = parse_spec("suffix:k=4,depth=16,min_prob=0.2", check_import=False).engine_kwargs()["speculative_config"]
     assert sx == {"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 16,
                   "suffix_decoding_min_token_prob": 0.2}
 
