@@ -179,8 +179,8 @@ class ArmComparison:
 
     Tests: length (CvM), finish reason (chi-square), each behavioural rate (Fisher), text (linear
     MMD on ``cfg.text_embedder`` vectors: hashed n-grams by default, MiniLM as an option; each
-    sample is embedded once, when it first enters a test).  Holm across them; alarm when the smallest adjusted p-value is below
-    alpha = window / ert_each.
+    sample is embedded once, when it first enters a test).  Holm across them; alarm when the
+    smallest adjusted p-value is below alpha = window / ert_each.
     """
 
     def __init__(self, model: str, cfg: MonitorConfig):

@@ -28,7 +28,8 @@ class LookaheadConfig:
     """Keys of the pool shared by all requests of the engine (0 = off): n-grams of every request's
     *output* enter it, and a request consults it when its own pool has nothing for the key.  A model
     repeats its own boilerplate across requests (suffix decoding's global tree exploits the same fact);
-    LADE's pool is per request and forgets it."""
+    LADE's pool is per request and forgets it.  Memory: at most `shared_pool_keys` x `pool_size`
+    continuations per worker (an estimated 50-80 MB of Python objects at the defaults, worst case)."""
     seed_from_prompt: bool = True
     """Index the prompt's n-grams (LADE's prompt pool); output n-grams are always indexed."""
     max_prompt_index_tokens: int = 8192
@@ -47,8 +48,8 @@ class LookaheadConfig:
     only once more than `free_draft_batch_size` requests run: up to that, every request drafts freely
     (speculative fill included), because a weak draft still beats none while draft rows are close to
     free.  Default 1: measured with continuous batching on a 2-core CPU, free drafting pays at one
-    request (2.07x none) but at 8 concurrent requests it cost 36% of the tokens/s that the confident-
-    match fallback keeps (benchmarks/results/README.md).  On a memory-bound GPU raise it (8-16)."""
+    request (1.8-2.1x none) but at 8 concurrent requests it ran 36% below the tokens/s that the
+    confident-match fallback reaches (benchmarks/results/README.md).  On a memory-bound GPU raise it (8-16)."""
     free_draft_batch_size: int = 1
     probe_interval: int = 8
     max_batch_draft_tokens: int = 256
