@@ -16,7 +16,7 @@ import pytest
 from quality_sidecar.cli import main
 from vllm_lookahead.devtools.jaeger import JaegerServer
 
-from .conftest import write_jsonl
+from .conftest import metric_sum, scrape, write_jsonl
 from .test_cli_file import _config
 
 pytestmark = [pytest.mark.otlp, pytest.mark.slow]
@@ -28,14 +28,15 @@ def collector():
         yield server
 
 
-def _wait_for(collector: JaegerServer, name: str, predicate, timeout: float = 30.0) -> dict[str, float]:
-    deadline, values = time.time() + timeout, {}
+def _wait_for(collector: JaegerServer, check, timeout: float = 30.0) -> str:
+    """The collector's Prometheus exporter page once ``check(page)`` holds."""
+    deadline, text = time.time() + timeout, ""
     while time.time() < deadline:
-        values = collector.metric_values(name)
-        if predicate(values):
-            return values
+        text = scrape(collector.ports["prometheus"])
+        if check(text):
+            return text
         time.sleep(0.3)
-    raise AssertionError(f"{name} never satisfied the check; last: {values}\n{collector.metrics_text()[:3000]}")
+    raise AssertionError(f"the collector never showed the expected metrics; last page:\n{text[:3000]}")
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -53,19 +54,17 @@ def test_sidecar_metrics_reach_a_real_collector(tmp_path, monkeypatch, collector
                "--config", str(_config(tmp_path)), "--no-progress"])
     assert rc == 0
 
-    def ours(values: dict[str, float]) -> dict[str, float]:
-        return {k: v for k, v in values.items() if f'service_name="{service}"' in k}
+    def ours(text: str, name: str, **labels) -> float:
+        return metric_sum(text, name, service_name=service, **labels)
 
-    samples = _wait_for(collector, "quality_sidecar_samples_total", lambda v: sum(ours(v).values()) == len(ref + bad))
-    assert all('arm="candidate"' in k for k in ours(samples))
-    dlq = _wait_for(collector, "quality_sidecar_dlq_total", lambda v: sum(ours(v).values()) == 3)
-    by_reason = {r: sum(x for k, x in ours(dlq).items() if f'reason="{r}"' in k)
-                 for r in ("invalid_json", "not_an_object")}
-    assert by_reason == {"invalid_json": 2, "not_an_object": 1}, dlq
-    alarm = _wait_for(collector, "quality_sidecar_alarm",
-                      lambda v: any('detector="acceptance_down"' in k and x == 1.0 for k, x in ours(v).items()))
-    # Only the injected regression is in alarm.
-    assert [k for k, x in ours(alarm).items() if x == 1.0] == \
-        [k for k in ours(alarm) if 'detector="acceptance_down"' in k]
+    n = len(ref + bad)
+    text = _wait_for(collector, lambda t: ours(t, "quality_sidecar_samples_total") == n
+                     and ours(t, "quality_sidecar_dlq_total") == 3
+                     and ours(t, "quality_sidecar_alarm", detector="acceptance_down") == 1.0)
+    assert ours(text, "quality_sidecar_samples_total", arm="candidate") == n
+    assert ours(text, "quality_sidecar_dlq_total", reason="invalid_json") == 2
+    assert ours(text, "quality_sidecar_dlq_total", reason="not_an_object") == 1
+    # Only the injected regression is in alarm (the gauge is 0 or 1 per detector).
+    assert ours(text, "quality_sidecar_alarm") == 1.0
     # A counter stays a counter through OTLP (the collector's exporter types it so).
-    assert "# TYPE quality_sidecar_alarms_total counter" in collector.metrics_text()
+    assert "# TYPE quality_sidecar_alarms_total counter" in text

@@ -11,7 +11,7 @@ Jaeger v2 is an OpenTelemetry Collector build; the ports are set in a generated 
 defaults 4317/4318/16686/13133/8888 may be taken by another service on the machine).  Being a
 collector, it also runs a *metrics* pipeline here: the same OTLP receiver feeds the collector's
 ``prometheus`` exporter, so a test reads back OTLP metrics exactly as a collector received them
-(``metrics_text()`` / ``metric_values(name)``).
+(Prometheus text at ``http://127.0.0.1:{ports["prometheus"]}/metrics``).
 """
 
 from __future__ import annotations
@@ -169,22 +169,6 @@ class JaegerServer:
                 return trace
             time.sleep(0.3)
         raise TimeoutError(f"trace {trace_id} not in jaeger after {timeout:.0f} s (last: {trace})")
-
-    def metrics_text(self) -> str:
-        """The collector's Prometheus exporter page: every OTLP metric point received so far."""
-        url = f"http://127.0.0.1:{self.ports['prometheus']}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.read().decode()
-
-    def metric_values(self, name: str) -> dict[str, float]:
-        """``{labels: value}`` of one metric family on the exporter page (labels as the raw
-        ``{k="v",...}`` string, "" when none)."""
-        out: dict[str, float] = {}
-        for line in self.metrics_text().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                labels, _, value = line[len(name):].rpartition(" ")
-                out[labels] = float(value)
-        return out
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is None:
