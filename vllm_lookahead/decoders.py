@@ -10,6 +10,9 @@ One short string per decoder keeps the command line readable and the report self
     lookahead:k=4[,window=W,ngram=N,pool_size=G,...]
                                                vllm_lookahead.LookaheadProposer (CONTRACTS.md); keys
                                                and ranges are the proposer's (core.LookaheadConfig)
+    lookahead2d:W=5,N=3,G=5[,k=...,max_batch=1,...]
+                                               the same proposer with LADE's 2D layout (layout=2d);
+                                               k defaults to (N-1)(W+G)-1, max_batch = lade_max_batch
     custom:pkg.module.Class:k=4[,key=value...] any proposer class vLLM can load as custom_class;
                                                extra keys go to additional_config["custom_proposer"]
 
@@ -31,9 +34,12 @@ NGRAM_KEYS = ("n_min", "n_max")
 SUFFIX_KEYS = {"depth": "suffix_decoding_max_tree_depth", "spec_factor": "suffix_decoding_max_spec_factor",
                "min_prob": "suffix_decoding_min_token_prob", "cache": "suffix_decoding_max_cached_requests"}
 MAX_K = 16
+MAX_K_2D = 128  # vLLM's MAX_SPEC_LEN: the 2D layout's rows are its drafts
+LADE_KEYS = {"W": "lade_window", "N": "lade_ngram", "G": "lade_candidates", "max_batch": "lade_max_batch",
+             "seed": "lade_seed"}
 SPEC_HELP = (
     "decoder SPEC: none | ngram:k=4[,n_min=2,n_max=4] | suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1]"
-    " | lookahead:k=4[,window=W,ngram=N,pool_size=G]"
+    " | lookahead:k=4[,window=W,ngram=N,pool_size=G] | lookahead2d:W=5,N=3,G=5[,max_batch=1]"
     " | custom:pkg.module.Class:k=4[,key=value,...]"
 )
 
@@ -174,6 +180,19 @@ def parse_spec(spec: str, *, check_import: bool = True) -> DecoderSpec:
         except (LookaheadConfigError, TypeError) as e:
             raise SpecError(f"{spec!r}: {e}") from None
         return DecoderSpec(text, "lookahead", k, params)
+    if kind == "lookahead2d":
+        params = _kv(rest, spec)
+        lade = {"layout": "2d", **{LADE_KEYS.get(k, k): v for k, v in params.items() if k != "k"}}
+        from vllm_lookahead.core.config import LookaheadConfig, LookaheadConfigError
+
+        try:
+            cfg = LookaheadConfig.from_dict(lade)
+        except (LookaheadConfigError, TypeError) as e:
+            raise SpecError(f"{spec!r}: {e}") from None
+        k = _positive_int(spec, "k", params.get("k", cfg.lade_rows - 1), MAX_K_2D)
+        if k < cfg.lade_rows - 1:
+            raise SpecError(f"{spec!r}: k={k} is below the (N-1)(W+G)-1 = {cfg.lade_rows - 1} rows of the layout")
+        return DecoderSpec(text, "lookahead", k, lade)
     if kind == "custom":
         class_path, sep, kvs = rest.partition(":")
         if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+", class_path or ""):

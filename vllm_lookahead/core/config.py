@@ -65,6 +65,24 @@ class LookaheadConfig:
     confident_match: int = 2
     max_dormant_requests: int = 256
     """Per-request state kept for requests absent from the batch (preempted); LRU beyond it."""
+    # --- LADE's 2D layout (issue 8; docs/design/lookahead-2d.md) ---
+    layout: str = "chain"
+    """"chain": drafts are one chain verified by vLLM's rejection sampler (the default).  "2d": LADE's
+    own step -- G candidates and a W x (N-1) Jacobi window in one forward with LADE's mask, verified
+    by a multi-candidate verifier -- for greedy requests while at most `lade_max_batch` requests run;
+    everything else takes the chain.  Needs num_speculative_tokens >= (N-1)(W+G) - 1.  Off by default:
+    on a compute-bound CPU no extra row is free and 2D loses to the chain (benchmarks/results)."""
+    lade_window: int = 5
+    """W of the 2D layout (Jacobi window columns); a request may ask for less (extra_args)."""
+    lade_ngram: int = 3
+    """N of the 2D layout (n-gram length; the window holds N-1 levels)."""
+    lade_candidates: int = 5
+    """G of the 2D layout (candidates verified per step)."""
+    lade_max_batch: int = 1
+    """The 2D layout runs only while at most this many requests are in the batch (its rows are free
+    only while a step is memory-bound; raise it on GPUs, see the design note's section 6)."""
+    lade_seed: int = 0
+    """Seed of the random prompt tokens that start a request's window (LADE's initialisation)."""
 
     def __post_init__(self) -> None:
         def need(cond: bool, key: str, rule: str) -> None:
@@ -73,8 +91,9 @@ class LookaheadConfig:
 
         for f in fields(self):
             v = getattr(self, f.name)
-            expected = bool if f.type in ("bool", bool) else float if f.type in ("float", float) else int
-            ok = isinstance(v, bool) if expected is bool else (
+            expected = bool if f.type in ("bool", bool) else float if f.type in ("float", float) else \
+                str if f.type in ("str", str) else int
+            ok = isinstance(v, expected) if expected in (bool, str) else (
                 isinstance(v, (int, float)) and not isinstance(v, bool) if expected is float
                 else isinstance(v, int) and not isinstance(v, bool))
             need(ok, f.name, f"expected {expected.__name__}")
@@ -95,6 +114,18 @@ class LookaheadConfig:
         need(0.0 <= self.busy_min_acceptance <= 1.0, "busy_min_acceptance", "must be in [0, 1]")
         need(1 <= self.confident_match <= 32, "confident_match", "must be in 1..32")
         need(self.max_dormant_requests >= 0, "max_dormant_requests", "must be >= 0")
+        need(self.layout in ("chain", "2d"), "layout", 'must be "chain" or "2d"')
+        need(1 <= self.lade_window <= 64, "lade_window", "must be in 1..64")
+        need(3 <= self.lade_ngram <= 16, "lade_ngram", "must be in 3..16 (N=2 leaves no lookahead level)")
+        need(0 <= self.lade_candidates <= 64, "lade_candidates", "must be in 0..64")
+        need(self.lade_max_batch >= 0, "lade_max_batch", "must be >= 0")
+        need(self.lade_rows <= 129, "lade_window",
+             f"(N-1)(W+G) = {self.lade_rows} rows exceeds vLLM's 128 draft tokens + 1")
+
+    @property
+    def lade_rows(self) -> int:
+        """Query rows of a steady-state 2D step, (N-1)(W+G); it needs k >= lade_rows - 1."""
+        return (self.lade_ngram - 1) * (self.lade_window + self.lade_candidates)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> LookaheadConfig:

@@ -10,9 +10,9 @@ from .decoder import (
     lookup_draft,
     prompt_lookup_generate,
 )
-from .layout import StepLayout, build_step_layout
+from vllm_lookahead.core.lade_layout import StepLayout, build_step_layout
+from vllm_lookahead.core.lade_pool import LadeNGramPool as NGramPool
 from .model import load_model
-from .pool import NGramPool
 
 __all__ = [
     "LadeResult",

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 
 from transformers import DynamicCache, PreTrainedModel
 
-from .layout import build_step_layout
+from vllm_lookahead.core.lade import verify_greedy as _verify
+from vllm_lookahead.core.lade_layout import build_step_layout
+from vllm_lookahead.core.lade_pool import LadeNGramPool as NGramPool
 from .model import cache_len, forward_rows, keep_cache_rows, vocab_size
-from .pool import NGramPool
 
 
 @dataclass
@@ -132,26 +133,6 @@ def _argmax_rows(logits) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
-def _verify(
-    first: int, guesses: Sequence[Sequence[int]], guess_rows: list[list[int]], argmax: list[int]
-) -> tuple[list[int], int, int]:
-    """Longest-prefix greedy verification (LADE's loop, plus the bonus token on a full match).
-
-    Returns (accepted tokens, matched length m, index of the winning candidate or -1).  The accepted
-    tokens are ``first`` followed by the model's argmax after each matched candidate token, so they are
-    exactly what plain greedy would emit.  Ties go to the earliest (oldest) candidate, as in LADE.
-    """
-    best_len, best_idx, accepted = 0, -1, [first]
-    for idx, (guess, rows) in enumerate(zip(guesses, guess_rows, strict=True)):
-        correct = [first] + [argmax[r] for r in rows]
-        m = 0
-        while m < len(guess) and guess[m] == correct[m]:
-            m += 1
-        if m > best_len:
-            best_len, best_idx, accepted = m, idx, correct[: m + 1]
-    return accepted, best_len, best_idx
-
-
 def greedy_generate(
     model: PreTrainedModel,
     input_ids: Sequence[int],
@@ -183,12 +164,17 @@ def lade_generate(
     eos_token_id: int | None = None,
     prompt_pool: bool = True,
     seed: int = 0,
+    prefill_window: bool = True,
 ) -> LadeResult:
     """Greedy Lookahead Decoding with window W=``window``, n-gram size N=``ngram``, G=``pool_size``.
 
     ``prompt_pool`` seeds the pool with every prompt n-gram and adds each generated n-gram (LADE's
     ``POOL_FROM_PROMPT``; on by default here, off by default in LADE).  ``seed`` drives the random
     initial window (LADE copies random prompt tokens), so runs are reproducible.
+
+    ``prefill_window=False`` is the variant vLLM can run (``core.lade.LadeState``): the prefill carries
+    the prompt only, and level 0 enters at the first decode step, which therefore verifies nothing and
+    costs one more forward than LADE.  Step for step, the vLLM 2D path must commit what this does.
     """
     if window < 1:
         raise ValueError(f"window (W) must be >= 1, got {window}")
@@ -208,11 +194,17 @@ def lade_generate(
     # 1. prefill: prompt + level 0, plain causal mask; keep only the prompt's KV.
     level0 = [rng.choice(prompt) for _ in range(window + ngram - 3)]
     cache = DynamicCache()
-    logits = forward_rows(model, cache, prompt + level0)
-    keep_cache_rows(cache, list(range(len(prompt))))
-    argmax = _argmax_rows(logits)
-    levels: list[list[int]] = [level0[1:], argmax[len(prompt) :]]
-    out.commit([argmax[len(prompt) - 1]], len(prompt) + len(level0))
+    levels: list[list[int]]
+    if prefill_window:
+        logits = forward_rows(model, cache, prompt + level0)
+        keep_cache_rows(cache, list(range(len(prompt))))
+        argmax = _argmax_rows(logits)
+        levels = [level0[1:], argmax[len(prompt) :]]
+        out.commit([argmax[len(prompt) - 1]], len(prompt) + len(level0))
+    else:
+        logits = forward_rows(model, cache, prompt)
+        levels = [level0]
+        out.commit([int(logits[-1].argmax())], len(prompt))
 
     while not out.done:
         current = out.seq[-1]

@@ -24,8 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
+from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError, LookaheadDrafter, RowStep
+from vllm_lookahead.core.lade import LadeState
 
+from . import lade2d
 from .runner_patch import install_runner_hook
 from .version import check_vllm_version
 
@@ -58,6 +60,17 @@ class LookaheadProposer:
         self._runner: Any = None
         self._captured: tuple[list[str], Any, list[int]] | None = None
         self._warned = False
+        # LADE's 2D layout (config layout="2d"): per-request window/pool state, the verified step
+        self.lade: dict[str, LadeState] = {}
+        self._lade_ok: bool | None = None  # None until the KV layout probe ran on the live engine
+        self._step2d: lade2d.StepPlan | None = None
+        if self.config.layout == "2d":
+            if self.config.lade_rows - 1 > self.k:
+                raise LookaheadConfigError(
+                    f"lookahead config: layout=2d with W={self.config.lade_window} N={self.config.lade_ngram} "
+                    f"G={self.config.lade_candidates} needs (N-1)(W+G)-1 = {self.config.lade_rows - 1} draft "
+                    f"tokens, but num_speculative_tokens is {self.k}")
+            lade2d.install_lade2d_hooks()
         logger.info("vllm-lookahead proposer: k=%d config=%s", self.k, self.config.as_dict())
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -75,9 +88,12 @@ class LookaheadProposer:
     def _capture(self, runner: Any, logits: Any, spec_decode_metadata: Any) -> None:
         self._runner = runner
         if logits is None or spec_decode_metadata is None:
-            self._captured = None
+            self._captured = self._step2d = None
             return
         import torch
+
+        if self.config.layout == "2d":
+            self._step2d = lade2d.verify_step(logits, spec_decode_metadata)
 
         argmax = logits.argmax(dim=-1)
         if argmax.device.type != "cpu":
@@ -86,6 +102,16 @@ class LookaheadProposer:
             argmax = host
         self._captured = (list(runner.input_batch.req_ids), argmax,
                           list(spec_decode_metadata.num_draft_tokens))
+
+    # Called by runner_patch inside GPUModelRunner._sample, after vLLM's own sampler.
+    def finish_verification(self, runner: Any, sampler_output: Any) -> None:
+        if self._step2d is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            lade2d.apply_verification(self._step2d, sampler_output)
+        finally:
+            PROFILE.seconds += time.perf_counter() - t0
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None, **_: Any) -> list[list[int]]:
@@ -117,13 +143,61 @@ class LookaheadProposer:
             for rid, nd in zip(cap_ids, num_draft):
                 argmax_rows[rid] = (nd, flat[offset : offset + nd + 1])
                 offset += nd + 1
+        step2d, self._step2d = self._step2d, None
+        ran_2d = {req.req_id: req for req in step2d.requests} if step2d is not None else {}
         rows = []
         for i, new in enumerate(sampled_token_ids):
             rid = req_ids[i]
-            verified, am = argmax_rows.get(rid, (0, None))
+            # a 2D step's rows are not a chain: the chain state sees committed tokens only
+            verified, am = (0, None) if rid in ran_2d else argmax_rows.get(rid, (0, None))
             rows.append(RowStep(req_id=rid, context=token_ids_cpu[i], num_tokens=int(num_tokens_no_spec[i]),
                                 new_tokens=list(new), verified=int(verified), argmax=am,
                                 prompt_len=int(batch.num_prompt_tokens[i])))
         drafts = self.drafter.step(rows)
+        if self.config.layout == "2d":
+            self._lade_drafts(runner, rows, drafts, ran_2d)
         # Never more than k per row: longer drafts crash vLLM's spec-decode metrics (IndexError).
         return [d[: self.k] for d in drafts]
+
+    def _lade_drafts(self, runner: Any, rows: list[RowStep], drafts: list[list[int]],
+                     ran_2d: dict[str, lade2d.FlaggedRequest]) -> None:
+        """Replace the chain drafts of eligible requests by their 2D step's rows (``lade2d``)."""
+        cfg = self.config
+        if self._lade_ok is None:
+            self._lade_ok, why = lade2d.check_engine(runner)
+            if not self._lade_ok:
+                logger.warning("vllm-lookahead: layout=2d disabled, chain layout used instead: %s", why)
+        live = {row.req_id for row in rows}
+        for rid in [r for r in self.lade if r not in live]:  # finished or preempted
+            del self.lade[rid]
+        use = bool(self._lade_ok) and len(rows) <= cfg.lade_max_batch
+        for i, row in enumerate(rows):
+            st = self.lade.get(row.req_id)
+            done = ran_2d.get(row.req_id)
+            if st is not None and done is not None:
+                st.absorb(done.plan, done.argmax, done.matched)
+            if not use or not row.new_tokens:
+                continue
+            req = runner.requests.get(row.req_id)
+            sp = getattr(req, "sampling_params", None)
+            if not lade2d.eligible(sp):
+                continue
+            if st is None:
+                st = self.lade[row.req_id] = LadeState(*self._lade_shape(sp), seed=cfg.lade_seed)
+            st.observe(row.context, row.num_tokens, row.prompt_len)
+            plan = st.plan(int(row.context[row.num_tokens - 1]), row.num_tokens - 1)
+            if 0 < len(plan.drafts) <= self.k:
+                lade2d.PENDING[row.req_id] = plan
+                drafts[i] = plan.drafts
+
+    def _lade_shape(self, sampling_params: Any) -> tuple[int, int, int]:
+        """W, N, G for a request: the engine's, or smaller ones the client asked for in
+        ``SamplingParams.extra_args["lookahead"]`` (keys W/N/G; capped at the engine's values)."""
+        cfg = self.config
+        shape = [cfg.lade_window, cfg.lade_ngram, cfg.lade_candidates]
+        asked = (getattr(sampling_params, "extra_args", None) or {}).get("lookahead") or {}
+        for j, (key, low) in enumerate((("W", 1), ("N", 3), ("G", 0))):
+            v = asked.get(key) if isinstance(asked, dict) else None
+            if isinstance(v, int) and not isinstance(v, bool):
+                shape[j] = min(max(v, low), shape[j])
+        return shape[0], shape[1], shape[2]

@@ -8,7 +8,8 @@ the same row order that the following ``propose()`` call sees; the CPU runner in
 covers CPU and CUDA.
 
 What: wrap ``_sample`` so that, before sampling, the proposer's ``capture_verification(runner, logits,
-metadata)`` runs.  It only launches an argmax and an asynchronous device-to-host copy (no host sync on
+metadata)`` runs, and after it ``finish_verification(runner, sampler_output)`` (the 2D layout's
+multi-candidate verifier rewrites its requests' rows there, ``lade2d.py``).  It only launches an argmax and an asynchronous device-to-host copy (no host sync on
 CUDA); the result is read in ``propose()``, which vLLM calls after its own bookkeeping sync.
 
 Pinned to vLLM 0.32 (checked by ``version.check_vllm_version``); re-applying is a no-op.
@@ -33,10 +34,15 @@ def install_runner_hook() -> bool:
     original = GPUModelRunner._sample
 
     def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
-        capture = getattr(getattr(self, "drafter", None), "capture_verification", None)
+        drafter = getattr(self, "drafter", None)
+        capture = getattr(drafter, "capture_verification", None)
         if capture is not None:
             capture(self, logits, spec_decode_metadata)
-        return original(self, logits, spec_decode_metadata)
+        output = original(self, logits, spec_decode_metadata)
+        finish = getattr(drafter, "finish_verification", None)
+        if finish is not None:
+            finish(self, output)
+        return output
 
     setattr(_sample, _MARK, True)
     _sample.__wrapped__ = original  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-class NGramPool:
+class LadeNGramPool:
     """Per-key LRU lists of (N-1)-token continuations, capped at ``cap`` entries per key."""
 
     def __init__(self, ngram: int, cap: int) -> None:

