@@ -3,6 +3,9 @@
 See docs/reference.md.  Greedy only, batch size 1, exact in float32.
 """
 
+from vllm_lookahead.core.lade_layout import StepLayout, build_step_layout
+from vllm_lookahead.core.lade_pool import LadeNGramPool as NGramPool
+
 from .decoder import (
     LadeResult,
     greedy_generate,
@@ -10,8 +13,6 @@ from .decoder import (
     lookup_draft,
     prompt_lookup_generate,
 )
-from vllm_lookahead.core.lade_layout import StepLayout, build_step_layout
-from vllm_lookahead.core.lade_pool import LadeNGramPool as NGramPool
 from .model import load_model
 
 __all__ = [

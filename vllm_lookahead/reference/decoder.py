@@ -33,6 +33,7 @@ from transformers import DynamicCache, PreTrainedModel
 from vllm_lookahead.core.lade import verify_greedy as _verify
 from vllm_lookahead.core.lade_layout import build_step_layout
 from vllm_lookahead.core.lade_pool import LadeNGramPool as NGramPool
+
 from .model import cache_len, forward_rows, keep_cache_rows, vocab_size
 
 
