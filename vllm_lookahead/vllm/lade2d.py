@@ -75,7 +75,8 @@ class StepPlan:
 PENDING: dict[str, LadePlan] = {}
 CURRENT: StepPlan | None = None
 LAST: StepPlan | None = None  # the last verified 2D step, read by the proposer and by tests
-FIXUP_ENABLED = True  # tests switch it off once to show the directed test depends on it
+FIXUP_ENABLED = True  # tests switch it off once to show the exactness test depends on it
+TRACE: dict[str, list[tuple[int, int, int]]] | None = None  # when a dict: req id -> (rows, committed, winner) per 2D step
 
 
 class _Counters:
@@ -242,6 +243,8 @@ def apply_verification(step: StepPlan, sampler_output: Any) -> None:
             COUNTERS.fixups += 1
         COUNTERS.steps += 1
         COUNTERS.accepted += req.matched
+        if TRACE is not None:
+            TRACE.setdefault(req.req_id, []).append((req.num_rows, len(req.accepted), req.winner))
         offset += req.num_rows
     LAST = step
     CURRENT = None
