@@ -49,6 +49,48 @@ def verify_greedy(first: int, guesses: Sequence[Sequence[int]], guess_rows: Sequ
     return accepted, best_len, best_idx
 
 
+def verify_sampled(probs: np.ndarray, guesses: Sequence[Sequence[int]], guess_rows: Sequence[Sequence[int]],
+                   rng: np.random.Generator) -> tuple[list[int], int, int]:
+    """Lossless multi-candidate verification when sampling (LADE's / SpecInfer's rule for one-hot drafts).
+
+    ``probs[r]``: the target's (processed: temperature, top-k, top-p) next-token distribution at row r.
+    At each depth the distinct next tokens of the surviving candidates are tried in candidate order:
+    token t is accepted with probability P(t); on rejection P(t) is set to 0 and P renormalised (the
+    residual), so a rejected token can never come back through a later candidate.  After an
+    acceptance only candidates carrying t continue, and P becomes the distribution at t's row.  When
+    nothing is accepted (or no candidate is left) one token is sampled from P and the step ends.  Each
+    emitted token is therefore distributed exactly as the target's P given the tokens before it.
+    Returns (accepted tokens, matched length m, winning candidate or -1), as ``verify_greedy``.
+    """
+    alive = list(range(len(guesses)))
+    p = probs[0].astype(np.float64)
+    out: list[int] = []
+    winner = -1
+    depth = 0
+    while True:
+        tried: set[int] = set()
+        token = -1
+        for c in alive:
+            if len(guesses[c]) <= depth or guesses[c][depth] in tried:
+                continue
+            t = int(guesses[c][depth])
+            tried.add(t)
+            total = p.sum()
+            if rng.random() * total < p[t]:
+                token = t
+                break
+            p[t] = 0.0
+        if token < 0:  # all rejected, or no candidate left: sample from the residual and stop
+            p = np.clip(p, 0.0, None)
+            out.append(int(rng.choice(len(p), p=p / p.sum())))
+            return out, depth, winner
+        out.append(token)
+        alive = [c for c in alive if len(guesses[c]) > depth and guesses[c][depth] == token]
+        winner = alive[0]
+        p = probs[guess_rows[winner][depth]].astype(np.float64)
+        depth += 1
+
+
 @dataclass(frozen=True)
 class LadePlan:
     """One request's rows for one step, in vLLM order (current, candidates, window)."""

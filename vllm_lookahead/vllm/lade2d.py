@@ -20,8 +20,10 @@ LADE's instead of a chain:
    than the first wins, copy its rows' K/V into the slots right after the prefix with the backend's
    own writer (``do_kv_cache_update``).
 
-Only greedy requests without logprobs, penalties, bad words, logit bias, allowed-token lists,
-min_tokens or structured output are flagged (``eligible``): the verifier compares raw-logit argmax.
+Greedy requests are verified by longest match (``verify_greedy``), sampled ones by LADE's lossless
+multi-candidate rule (``verify_sampled``) on the distribution vLLM's sampler would use; requests whose
+logits depend on state the verifier does not see (penalties, logit bias, ...) stay on the chain
+(``eligible``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_lookahead.core.lade import LadePlan, verify_greedy
+from vllm_lookahead.core.lade import LadePlan, verify_greedy, verify_sampled
 
 from .masked_attention import layout_probe, masked_attention
 from .version import check_vllm_version
@@ -52,6 +54,7 @@ class FlaggedRequest:
     batch_index: int
     q0: int  # first row in the flattened step
     plan: LadePlan
+    sampling_params: Any = None
     accepted: list[int] = field(default_factory=list)
     matched: int = 0
     winner: int = -1
@@ -96,14 +99,34 @@ COUNTERS = _Counters()
 
 
 def eligible(sampling_params: Any) -> bool:
-    """Can the greedy multi-candidate verifier (argmax of raw logits) stand in for vLLM's sampler?"""
+    """Can the 2D verifiers stand in for vLLM's sampler for this request?
+
+    Greedy (argmax of raw logits) and plain sampling (temperature, top-k, top-p: the distribution is
+    rebuilt from the raw logits exactly as vLLM's sampler does) are handled; anything that changes the
+    logits through state the verifier does not see -- penalties, bad words, logit bias, allowed
+    tokens, min_tokens, min_p, structured output -- or that needs logprobs or a per-request seed
+    (vLLM's per-request generators would drift) stays on the chain.
+    """
     sp = sampling_params
     if sp is None:
         return False
-    return (sp.temperature < SAMPLING_EPS and sp.logprobs is None
+    return (sp.logprobs is None and sp.seed is None and not sp.min_p
             and not sp.presence_penalty and not sp.frequency_penalty and sp.repetition_penalty == 1.0
             and not sp.min_tokens and not sp.logit_bias and not sp.allowed_token_ids and not sp.bad_words
             and getattr(sp, "structured_outputs", None) is None)
+
+
+def target_probs(logits: torch.Tensor, sampling_params: Any) -> np.ndarray:
+    """The target's next-token distribution per row, as vLLM's sampler builds it (T, top-k, top-p)."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    sp = sampling_params
+    rows = logits.float() / sp.temperature
+    n = rows.shape[0]
+    k = torch.full((n,), sp.top_k, dtype=torch.int64) if 0 < sp.top_k < rows.shape[1] else None
+    p = torch.full((n,), sp.top_p, dtype=torch.float32) if sp.top_p < 1.0 else None
+    rows = apply_top_k_top_p(rows, k, p)
+    return torch.softmax(rows, dim=-1).numpy()
 
 
 def check_engine(runner: Any) -> tuple[bool, str]:
@@ -189,7 +212,7 @@ def _flag_requests(runner: Any, scheduler_output: Any, num_scheduled_tokens: np.
             continue
         q0 = int(ends[i]) - length
         runner.positions[q0 : q0 + length] = torch.from_numpy(plan.rel_pos + plan.position)
-        flagged.append(FlaggedRequest(rid, i, q0, plan))
+        flagged.append(FlaggedRequest(rid, i, q0, plan, runner.requests[rid].sampling_params))
     if not flagged:
         return None
     return StepPlan(int(scheduler_output.total_num_scheduled_tokens), flagged)
@@ -219,10 +242,16 @@ def verify_step(logits: torch.Tensor, spec_decode_metadata: Any) -> StepPlan | N
     for req in step.requests:
         end = cu[req.batch_index]
         start = end - req.num_rows
-        req.argmax = logits[start:end].argmax(dim=-1).tolist()
-        plan = req.plan
-        req.accepted, req.matched, req.winner = verify_greedy(req.argmax[0], plan.guesses, plan.guess_rows,
-                                                              req.argmax)
+        rows = logits[start:end]
+        req.argmax = rows.argmax(dim=-1).tolist()  # the window's Jacobi update uses argmax in both modes
+        plan, sp = req.plan, req.sampling_params
+        if sp.temperature < SAMPLING_EPS:
+            req.accepted, req.matched, req.winner = verify_greedy(req.argmax[0], plan.guesses,
+                                                                  plan.guess_rows, req.argmax)
+        else:  # seeded from torch's global RNG, which vLLM seeds with the engine seed
+            rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,))))
+            req.accepted, req.matched, req.winner = verify_sampled(target_probs(rows, sp), plan.guesses,
+                                                                   plan.guess_rows, rng)
     return step
 
 
