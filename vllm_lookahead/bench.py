@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile", action="store_true", help="use torch.compile (slower start-up; default eager)")
     ap.add_argument("--reference", type=int, default=0, metavar="N",
                     help="also run the HF full-LADE reference on the first N prompts (0 = off)")
-    ap.add_argument("--reference-config", default="5,4,5", help="W,N,G for the reference (default 5,4,5)")
+    ap.add_argument("--reference-config", nargs="+", default=["5,4,5"],
+                    help="W,N,G for the reference, one or more (default 5,4,5); use the 2D methods' W/N/G "
+                         "to compare them with full LADE")
     ap.add_argument("--json", type=Path, default=None, help="write results JSON here")
     ap.add_argument("--plot", type=Path, default=None, help="write a PNG plot here (default: next to --json)")
     ap.add_argument("--seed", type=int, default=0)
@@ -72,6 +74,7 @@ WARMUP_PROMPTS = ["def warm_up(x):\n    return x + 1\n", "import sys\n\nprint(sy
 def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list[int], args) -> dict[str, Any]:
     from vllm import SamplingParams
 
+    from vllm_lookahead.vllm import lade2d
     from vllm_lookahead.vllm import proposer as proposer_mod
 
     spec = parse_spec(spec_text)
@@ -93,6 +96,7 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
             prompts = [p for p in prompts if len(tokenizer.encode(p)) <= max_prompt]
         llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
         proposer_mod.PROFILE.reset()
+        lade2d.COUNTERS.reset()
         outs = []
         with StepCounter() as counter:
             t0 = time.perf_counter()
@@ -103,6 +107,7 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
         token_ids = [list(o.outputs[0].token_ids) for o in outs]
         n_tokens = sum(map(len, token_ids))
         drafted = accepted = spec_steps = 0
+        hist = np.zeros(0, dtype=np.int64)  # spec steps by number of accepted draft tokens
         tpot = []
         for o in outs:
             m = o.outputs[0].spec_decode_metrics
@@ -111,6 +116,10 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
                 drafted += d["num_draft_tokens"]
                 accepted += d["num_accepted_draft_tokens"]
                 spec_steps += d["num_spec_steps"]
+                h = np.asarray(d.get("acceptance_histogram") or [0], dtype=np.int64)
+                if len(h) > len(hist):
+                    hist = np.pad(hist, (0, len(h) - len(hist)))
+                hist[: len(h)] += h
             st = o.metrics
             n = len(o.outputs[0].token_ids)
             if st is not None and n > 1 and st.last_token_ts > st.first_token_ts > 0:
@@ -130,6 +139,8 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
             # proposer + hook CPU per request row per step: the part that does not shrink with the model
             "proposer_us_per_row": 1e6 * prof.seconds / prof.rows if prof.rows else None,
             "proposer_share_of_step_time": prof.seconds / counter.seconds if counter.seconds else None,
+            "acceptance_by_position": _acceptance_by_position(hist),
+            "lade2d": _lade2d_summary(lade2d.COUNTERS),
             "token_ids": token_ids,
         }
     del llm
@@ -146,6 +157,26 @@ def run_isolated(fn, *args):
 
     with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
         return pool.submit(fn, *args).result()
+
+
+def _acceptance_by_position(hist: np.ndarray) -> list[float] | None:
+    """P(draft position j is accepted) over spec steps, j = 1.. (from vLLM's per-request histograms of
+    accepted draft tokens per step; for the 2D layout: candidate tokens accepted per step)."""
+    total = int(hist.sum())
+    if not total:
+        return None
+    at_least = hist[::-1].cumsum()[::-1]  # steps with >= j accepted
+    last = int(np.nonzero(hist)[0].max())
+    return [round(float(at_least[j]) / total, 4) for j in range(1, last + 1)]
+
+
+def _lade2d_summary(c) -> dict[str, Any] | None:
+    """What the 2D path did in this run (None when it never ran)."""
+    if not c.steps:
+        return None
+    return {"request_steps": c.steps, "fallbacks": c.fallbacks, "fixups": c.fixups,
+            "accepted_candidate_tokens": c.accepted, "rows_per_step": c.rows / c.steps,
+            "tokens_per_step": 1 + c.accepted / c.steps}
 
 
 def _ms(x: float | None) -> float | None:
@@ -171,7 +202,8 @@ def _compression(outs) -> float:
     return tokens / steps if steps else 0.0
 
 
-def reference_compression(model: str, prompts: list[str], args) -> dict[str, Any] | None:
+def reference_compression(model: str, prompts: list[str], args) -> list[dict[str, Any]] | None:
+    """Compression of the HF full-LADE reference for each ``--reference-config`` W,N,G."""
     try:
         from vllm_lookahead.reference import lade_generate, load_model
     except ImportError as e:
@@ -180,19 +212,24 @@ def reference_compression(model: str, prompts: list[str], args) -> dict[str, Any
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    w, n, g = (int(x) for x in args.reference_config.split(","))
     tok = AutoTokenizer.from_pretrained(model)
     hf = load_model(model, dtype="float32")
-    tokens = steps = 0
-    for p in tqdm(prompts, desc=f"HF LADE W={w} N={n} G={g}", unit="prompt"):
-        ids = tok(p).input_ids
-        r = lade_generate(hf, ids, args.max_tokens, window=w, ngram=n, pool_size=g, eos_token_id=tok.eos_token_id)
-        tokens += len(r.tokens)
-        steps += r.steps + 1  # + the prefill pass, as counted for vLLM
-    return {"W": w, "N": n, "G": g, "prompts": len(prompts), "compression": tokens / steps if steps else None}
+    out = []
+    for config in args.reference_config:
+        w, n, g = (int(x) for x in config.split(","))
+        tokens = steps = 0
+        for p in tqdm(prompts, desc=f"HF LADE W={w} N={n} G={g}", unit="prompt"):
+            ids = tok(p).input_ids
+            r = lade_generate(hf, ids, args.max_tokens, window=w, ngram=n, pool_size=g,
+                              eos_token_id=tok.eos_token_id)
+            tokens += len(r.tokens)
+            steps += r.steps + 1  # + the prefill pass, as counted for vLLM
+        out.append({"W": w, "N": n, "G": g, "prompts": len(prompts),
+                    "compression": tokens / steps if steps else None})
+    return out
 
 
-def print_table(results: list[dict[str, Any]], reference: dict[str, Any] | None) -> None:
+def print_table(results: list[dict[str, Any]], reference: list[dict[str, Any]] | None) -> None:
     hdr = f"{'method':<28}{'batch':>6}{'compr. (tok/step)':>19}{'accept':>8}{'mean acc. len':>14}" \
           f"{'tok/s':>9}{'TPOT p50 ms':>12}{'p95 ms':>8}{'steps':>7}{'exact vs none':>15}{'vs none@bs1':>12}{'proposer % step':>16}{'us/row':>8}"
     print(hdr)
@@ -207,12 +244,19 @@ def print_table(results: list[dict[str, Any]], reference: dict[str, Any] | None)
                   f"{f(m.get('exact_vs_none_bs1'), '.3f'):>12}"
                   f"{f(None if m['proposer_share_of_step_time'] is None else 100 * m['proposer_share_of_step_time'], '.2f'):>16}"
                   f"{f(m.get('proposer_us_per_row'), '.1f'):>8}")
-    if reference:
-        print(f"HF full-LADE reference (W={reference['W']} N={reference['N']} G={reference['G']}, "
-              f"{reference['prompts']} prompts): compression {reference['compression']:.3f} tokens/step")
+        for bs, m in r["by_batch_size"].items():
+            if m.get("lade2d"):
+                d = m["lade2d"]
+                print(f"  {r['method']} batch {bs}: 2D request-steps {d['request_steps']}, "
+                      f"{d['rows_per_step']:.1f} rows/step, {d['tokens_per_step']:.3f} tokens/step, "
+                      f"fix-ups {d['fixups']}, fallbacks to the chain {d['fallbacks']}; acceptance by "
+                      f"position {m['acceptance_by_position']}")
+    for ref in reference or []:
+        print(f"HF full-LADE reference (W={ref['W']} N={ref['N']} G={ref['G']}, "
+              f"{ref['prompts']} prompts): compression {ref['compression']:.3f} tokens/step")
 
 
-def plot(results: list[dict[str, Any]], reference: dict[str, Any] | None, path: Path) -> None:
+def plot(results: list[dict[str, Any]], reference: list[dict[str, Any]] | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -225,8 +269,10 @@ def plot(results: list[dict[str, Any]], reference: dict[str, Any] | None, path: 
         xs = np.arange(len(batch_sizes)) + i * width
         axes[0].bar(xs, [r["by_batch_size"][b]["compression"] for b in batch_sizes], width, label=r["method"])
         axes[1].bar(xs, [r["by_batch_size"][b]["tokens_per_s"] for b in batch_sizes], width, label=r["method"])
-    if reference and reference.get("compression"):
-        axes[0].axhline(reference["compression"], ls="--", color="k", label="HF full LADE (ref.)")
+    for j, ref in enumerate(reference or []):
+        if ref.get("compression"):
+            axes[0].axhline(ref["compression"], ls=("--", ":", "-.")[j % 3], color="k",
+                            label=f"HF full LADE W{ref['W']}/N{ref['N']}/G{ref['G']} (ref.)")
     for ax, title, unit in ((axes[0], "compression", "tokens / forward pass"), (axes[1], "throughput", "tokens/s")):
         ax.set_xticks(np.arange(len(batch_sizes)) + 0.4 - width / 2, [f"batch {b}" for b in batch_sizes])
         ax.set_title(title)

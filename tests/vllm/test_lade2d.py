@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 MAX_TOKENS = 48
 BATCH_SIZES = (1, 8, 32)
 W, N, G = 5, 3, 5
-SPEC = f"lookahead2d:W={W},N={N},G={G},max_batch=32"
+SPEC = f"lookahead2d:W={W},N={N},G={G},max_batch=32,policy=always"  # 2D on every step it can
 
 
 def _prompts() -> list[str]:

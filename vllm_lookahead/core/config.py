@@ -81,7 +81,15 @@ class LookaheadConfig:
     lade_max_batch: int = 1
     """The 2D layout runs only while at most this many requests are in the batch (its rows are free
     only while a step is memory-bound; raise it on GPUs, see the design note's section 6)."""
+    lade_policy: str = "measure"
+    """When the 2D layout may run (batch <= `lade_max_batch`): "measure" times the engine's own steps
+    and uses 2D only while it serves more tokens/s than the chain (core/arbiter.py; it re-tries the
+    loser every 64 steps), "always" uses it whenever it can (for tests and measurements)."""
     lade_seed: int = 0
+    chain_max_draft: int = 0
+    """Longest chain draft (0 = num_speculative_tokens).  With layout="2d" the engine's k is sized for
+    the 2D rows (19 at W5/N3/G5); requests on the chain (busy batches, sampling with penalties) should
+    keep drafting chain-sized drafts, e.g. 4."""
     """Seed of the random prompt tokens that start a request's window (LADE's initialisation)."""
 
     def __post_init__(self) -> None:
@@ -119,6 +127,8 @@ class LookaheadConfig:
         need(3 <= self.lade_ngram <= 16, "lade_ngram", "must be in 3..16 (N=2 leaves no lookahead level)")
         need(0 <= self.lade_candidates <= 64, "lade_candidates", "must be in 0..64")
         need(self.lade_max_batch >= 0, "lade_max_batch", "must be >= 0")
+        need(self.lade_policy in ("measure", "always"), "lade_policy", 'must be "measure" or "always"')
+        need(0 <= self.chain_max_draft <= 128, "chain_max_draft", "must be in 0..128 (0 = k)")
         need(self.lade_rows <= 129, "lade_window",
              f"(N-1)(W+G) = {self.lade_rows} rows exceeds vLLM's 128 draft tokens + 1")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -90,7 +91,7 @@ def build_step_layout(
         guess_rows.append(list(range(start, start + len(g))))
 
     n = len(tokens)
-    visible = torch.zeros(n, n, dtype=torch.bool)
+    visible = np.zeros((n, n), dtype=bool)  # numpy, then one conversion: this runs every decode step
     block0 = level_rows[0]
     for i, row in enumerate(block0):
         visible[row, block0[: i + 1]] = True
@@ -103,4 +104,4 @@ def build_step_layout(
         for j, row in enumerate(rows):
             visible[row, block0[0]] = True
             visible[row, rows[: j + 1]] = True
-    return StepLayout(tokens, positions, visible, level_rows, guess_rows)
+    return StepLayout(tokens, positions, torch.from_numpy(visible), level_rows, guess_rows)

@@ -93,6 +93,7 @@ class _Counters:
         self.fallbacks = 0  # plans vLLM did not schedule as planned (verified as a chain instead)
         self.fixups = 0  # request-steps whose winner was not candidate 0 (KV copied)
         self.accepted = 0  # candidate tokens accepted by the 2D verifier
+        self.rows = 0  # query rows of those request-steps (current token included)
 
 
 COUNTERS = _Counters()
@@ -272,6 +273,7 @@ def apply_verification(step: StepPlan, sampler_output: Any) -> None:
             COUNTERS.fixups += 1
         COUNTERS.steps += 1
         COUNTERS.accepted += req.matched
+        COUNTERS.rows += req.num_rows
         if TRACE is not None:
             TRACE.setdefault(req.req_id, []).append((req.num_rows, len(req.accepted), req.winner))
         offset += req.num_rows

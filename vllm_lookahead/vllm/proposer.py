@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError, LookaheadDrafter, RowStep
+from vllm_lookahead.core.arbiter import LayoutArbiter
 from vllm_lookahead.core.lade import LadeState
 
 from . import lade2d
@@ -56,7 +57,8 @@ class LookaheadProposer:
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.config = LookaheadConfig.from_sources(getattr(vllm_config, "additional_config", None))
-        self.drafter = LookaheadDrafter(self.config, self.k)
+        chain_k = min(self.k, self.config.chain_max_draft or self.k)
+        self.drafter = LookaheadDrafter(self.config, chain_k)
         self._runner: Any = None
         self._captured: tuple[list[str], Any, list[int]] | None = None
         self._warned = False
@@ -64,6 +66,8 @@ class LookaheadProposer:
         self.lade: dict[str, LadeState] = {}
         self._lade_ok: bool | None = None  # None until the KV layout probe ran on the live engine
         self._step2d: lade2d.StepPlan | None = None
+        self.arbiters: dict[int, LayoutArbiter] = {}  # by batch size: 2D's worth depends on it
+        self._last_layout: tuple[str, int, float] | None = None  # (layout, batch size, time) of the step
         if self.config.layout == "2d":
             if self.config.lade_rows - 1 > self.k:
                 raise LookaheadConfigError(
@@ -171,12 +175,13 @@ class LookaheadProposer:
         for rid in [r for r in self.lade if r not in live]:  # finished or preempted
             del self.lade[rid]
         use = bool(self._lade_ok) and len(rows) <= cfg.lade_max_batch
+        layout = self._choose_layout(rows, use)
         for i, row in enumerate(rows):
             st = self.lade.get(row.req_id)
             done = ran_2d.get(row.req_id)
             if st is not None and done is not None:
                 st.absorb(done.plan, done.argmax, done.matched)
-            if not use or not row.new_tokens:
+            if layout != "2d" or not row.new_tokens:
                 continue
             req = runner.requests.get(row.req_id)
             sp = getattr(req, "sampling_params", None)
@@ -189,6 +194,20 @@ class LookaheadProposer:
             if 0 < len(plan.drafts) <= self.k:
                 lade2d.PENDING[row.req_id] = plan
                 drafts[i] = plan.drafts
+
+    def _choose_layout(self, rows: list[RowStep], possible: bool) -> str:
+        """Chain or 2D for the next step: the arbiter of this batch size, fed with the step just done."""
+        now = time.perf_counter()
+        last, self._last_layout = self._last_layout, None
+        if last is not None and last[1] in self.arbiters:
+            self.arbiters[last[1]].observe(last[0], sum(len(r.new_tokens) for r in rows), now - last[2])
+        if not possible:
+            return "chain"
+        if self.config.lade_policy == "always":
+            return "2d"
+        layout = self.arbiters.setdefault(len(rows), LayoutArbiter()).choose()
+        self._last_layout = (layout, len(rows), now)
+        return layout
 
     def _lade_shape(self, sampling_params: Any) -> tuple[int, int, int]:
         """W, N, G for a request: the engine's, or smaller ones the client asked for in

@@ -1,0 +1,48 @@
+"""``LayoutArbiter``: measured throughput picks the layout, the loser is re-tried, idle gaps ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_lookahead.core.arbiter import LayoutArbiter
+
+pytestmark = pytest.mark.unit
+
+
+def run(arb: LayoutArbiter, steps: int, cost: dict[str, tuple[int, float]]) -> list[str]:
+    """Drive the arbiter with a fixed (tokens, seconds) per step for each layout."""
+    chosen = []
+    for _ in range(steps):
+        mode = arb.choose()
+        chosen.append(mode)
+        arb.observe(mode, *cost[mode])
+    return chosen
+
+
+@pytest.mark.parametrize("faster", ["chain", "2d"])
+def test_the_faster_layout_wins_and_the_other_is_retried(faster):
+    slow = "2d" if faster == "chain" else "chain"
+    arb = LayoutArbiter(explore_every=64, explore_steps=4, warmup_steps=8)
+    # equal tokens per step, different step time: a compute-bound CPU (chain faster) or a GPU (2d faster)
+    chosen = run(arb, 8 + 8 + 640, {faster: (2, 0.004), slow: (2, 0.006)})
+    steady = chosen[16:]
+    assert steady.count(slow) == pytest.approx(len(steady) * 4 / 64, abs=4)  # only the re-tries
+    assert arb.tokens_per_s[faster] > arb.tokens_per_s[slow]
+
+
+def test_a_change_in_costs_flips_the_choice():
+    arb = LayoutArbiter(explore_every=16, explore_steps=4, warmup_steps=4)
+    run(arb, 200, {"chain": (2, 0.004), "2d": (3, 0.008)})
+    assert arb.choose() == "chain"
+    chosen = run(arb, 400, {"chain": (2, 0.004), "2d": (3, 0.003)})  # rows became cheap
+    assert chosen[-40:].count("2d") > 30
+
+
+def test_idle_gaps_are_not_steps():
+    arb = LayoutArbiter(warmup_steps=2)
+    for _ in range(4):
+        arb.observe("chain", 2, 0.004)
+    arb.observe("chain", 2, 5.0)  # the engine waited for the next generate() call
+    assert arb.step_s["chain"] == pytest.approx(0.004)
+    arb.observe("chain", 0, 0.004)  # nothing committed (all prefill chunks): no information
+    assert arb.samples["chain"] == 4

@@ -1,0 +1,65 @@
+"""Pick the draft layout that serves more tokens per second, by measuring both on the live engine.
+
+Why measure: whether LADE's 2D rows pay depends on the hardware, not the algorithm.  On a memory-bound
+GPU step the extra rows are nearly free and 2D's extra compression is a pure win; on a compute-bound
+CPU each row costs ~4% of a step and 2D loses to the chain (docs/design/lookahead-2d.md section 6).  A
+fixed rule would be wrong on one of them, so the engine times its own steps: an EMA of committed
+tokens per wall-clock second for each layout, the better one wins, and the other one is re-tried for a
+few steps every so often so that a change (batch composition, prompt mix) is noticed.
+"""
+
+from __future__ import annotations
+
+MODES = ("chain", "2d")
+
+
+class LayoutArbiter:
+    """Throughput arbitration between the chain and the 2D layout for one engine (batch-level)."""
+
+    def __init__(self, explore_every: int = 64, explore_steps: int = 4, warmup_steps: int = 8,
+                 decay: float = 0.9, outlier: float = 8.0):
+        self.explore_every = explore_every
+        self.explore_steps = explore_steps
+        self.warmup_steps = warmup_steps
+        self.decay = decay
+        self.outlier = outlier  # a gap this many times the mode's mean step is idle time, not a step
+        self.tokens_per_s = {m: 0.0 for m in MODES}
+        self.step_s = {m: 0.0 for m in MODES}
+        self.samples = {m: 0 for m in MODES}
+        self._since_explore = 0
+        self._exploring = 0
+
+    def observe(self, mode: str, tokens: int, seconds: float) -> None:
+        """One engine step ran in ``mode``, committed ``tokens`` over the batch and took ``seconds``."""
+        if seconds <= 0 or tokens <= 0:
+            return
+        if self.samples[mode] >= self.warmup_steps and seconds > self.outlier * self.step_s[mode]:
+            return  # the engine sat idle between two generate() calls
+        if self.samples[mode] == 0:
+            self.tokens_per_s[mode], self.step_s[mode] = tokens / seconds, seconds
+        else:
+            d = self.decay
+            self.tokens_per_s[mode] = d * self.tokens_per_s[mode] + (1 - d) * tokens / seconds
+            self.step_s[mode] = d * self.step_s[mode] + (1 - d) * seconds
+        self.samples[mode] += 1
+
+    def choose(self) -> str:
+        """The layout for the next step."""
+        for mode in ("2d", "chain"):  # first measure both
+            if self.samples[mode] < self.warmup_steps:
+                return mode
+        best = max(MODES, key=lambda m: self.tokens_per_s[m])
+        other = MODES[1 - MODES.index(best)]
+        if self._exploring:
+            self._exploring -= 1
+            return other
+        self._since_explore += 1
+        if self._since_explore >= self.explore_every:
+            self._since_explore = 0
+            self._exploring = self.explore_steps - 1
+            return other
+        return best
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {m: {"tokens_per_s": self.tokens_per_s[m], "step_ms": 1000 * self.step_s[m],
+                    "steps": self.samples[m]} for m in MODES}
