@@ -77,9 +77,10 @@ def test_core_lade_equals_reference_step_for_step(tiny_llama, w, n, g, seed, pro
 
 @settings(max_examples=20, deadline=None)
 @given(w=st.integers(1, 4), n=st.integers(3, 5), g=st.integers(1, 4), seed=st.integers(0, 10_000),
-       steps=st.integers(0, 6))
-def test_plan_rows_match_their_causal_context(tiny_llama, w, n, g, seed, steps) -> None:
-    """Warm-up and steady-state plans, candidates included, in vLLM's row order."""
+       steps=st.integers(0, 6), extra=st.lists(st.integers(0, VOCAB - 1), max_size=5))
+def test_plan_rows_match_their_causal_context(tiny_llama, w, n, g, seed, steps, extra) -> None:
+    """Warm-up and steady-state plans, candidates (and an extra context candidate of any length)
+    included, in vLLM's row order."""
     rng = random.Random(seed)
     prompt = _prompt(seed, 16)
     state = LadeState(w, n, g, seed=seed)
@@ -87,11 +88,14 @@ def test_plan_rows_match_their_causal_context(tiny_llama, w, n, g, seed, steps) 
     for _ in range(steps):  # advance the window with arbitrary argmax: the layout rules must still hold
         plan = state.plan(prompt[0], len(prompt))
         state.absorb(plan, [rng.randrange(VOCAB) for _ in plan.tokens], 0)
-    plan = state.plan(prompt[0], len(prompt))
+    plan = state.plan(prompt[0], len(prompt), extra)
     assert plan.tokens[0] == prompt[0] and len(plan.drafts) == len(plan.tokens) - 1
     if plan.guesses:  # candidate 0 right after the current token: its KV lands in the next step's slots
         assert plan.guess_rows[0] == list(range(1, len(plan.guesses[0]) + 1))
-        assert plan.full
+        assert plan.full or extra
+    if extra:
+        assert plan.guesses[0] == tuple(extra)
+        assert all(gu != tuple(extra[: len(gu)]) for gu in plan.guesses[1:])  # no duplicate rows
     assert max_row_error(tiny_llama, prompt, as_layout(plan), list(range(len(plan.tokens)))) < TOL
 
 

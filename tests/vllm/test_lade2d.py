@@ -48,6 +48,13 @@ def runs(engine_factory):
     prompts = _prompts()
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     out: dict = {"none": {}, "2d": {}, "counters": {}}
+    # engines run one after another (deleting one while another is alive breaks vLLM's global state)
+    llm = engine_factory(SPEC + ",context=4")
+    lade2d.COUNTERS.reset()
+    out["context"] = _generate(llm, prompts, 8, sp)
+    out["context_counters"] = dict(vars(lade2d.COUNTERS))
+    del llm
+    gc.collect()
     llm = engine_factory("none")
     for bs in BATCH_SIZES:
         out["none"][bs] = _generate(llm, prompts, bs, sp)
@@ -78,6 +85,15 @@ def test_2d_greedy_float32_identical(runs, bs):
     c = out["counters"][bs]
     # vacuous unless the 2D path verified many steps, accepted candidates and had later candidates win
     assert c["steps"] >= len(prompts) * 5 and c["accepted"] > c["steps"] // 4 and c["fixups"] > 0, c
+
+
+def test_2d_with_context_candidate_identical(runs):
+    """The context-match candidate (longer than LADE's N-1 tokens, verified first) keeps exactness and
+    raises the tokens committed per 2D step."""
+    _, out, _ = runs
+    assert out["context"] == out["none"][8]
+    c, plain = out["context_counters"], out["counters"][8]
+    assert c["steps"] > 100 and c["accepted"] / c["steps"] > plain["accepted"] / plain["steps"], (c, plain)
 
 
 def test_without_kv_fixup_outputs_diverge(runs):

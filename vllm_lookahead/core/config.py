@@ -81,6 +81,11 @@ class LookaheadConfig:
     lade_max_batch: int = 1
     """The 2D layout runs only while at most this many requests are in the batch (its rows are free
     only while a step is memory-bound; raise it on GPUs, see the design note's section 6)."""
+    lade_context_candidate: int = 0
+    """Up to this many tokens of a context match (prompt lookup over prompt + output, the chain's own
+    index) become the first 2D candidate when the match is >= `confident_match` tokens long -- an
+    addition to LADE, whose pool candidates are only N-1 tokens.  0 = pure LADE.  Adds up to this
+    many rows; k must cover them too."""
     lade_policy: str = "measure"
     """When the 2D layout may run (batch <= `lade_max_batch`): "measure" times the engine's own steps
     and uses 2D only while it serves more tokens/s than the chain (core/arbiter.py; it re-tries the
@@ -127,6 +132,7 @@ class LookaheadConfig:
         need(3 <= self.lade_ngram <= 16, "lade_ngram", "must be in 3..16 (N=2 leaves no lookahead level)")
         need(0 <= self.lade_candidates <= 64, "lade_candidates", "must be in 0..64")
         need(self.lade_max_batch >= 0, "lade_max_batch", "must be >= 0")
+        need(0 <= self.lade_context_candidate <= 32, "lade_context_candidate", "must be in 0..32")
         need(self.lade_policy in ("measure", "always"), "lade_policy", 'must be "measure" or "always"')
         need(0 <= self.chain_max_draft <= 128, "chain_max_draft", "must be in 0..128 (0 = k)")
         need(self.lade_rows <= 129, "lade_window",
@@ -134,8 +140,8 @@ class LookaheadConfig:
 
     @property
     def lade_rows(self) -> int:
-        """Query rows of a steady-state 2D step, (N-1)(W+G); it needs k >= lade_rows - 1."""
-        return (self.lade_ngram - 1) * (self.lade_window + self.lade_candidates)
+        """Most query rows of a 2D step, (N-1)(W+G) plus the context candidate; needs k >= lade_rows - 1."""
+        return (self.lade_ngram - 1) * (self.lade_window + self.lade_candidates) + self.lade_context_candidate
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> LookaheadConfig:

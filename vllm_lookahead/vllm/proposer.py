@@ -72,8 +72,9 @@ class LookaheadProposer:
             if self.config.lade_rows - 1 > self.k:
                 raise LookaheadConfigError(
                     f"lookahead config: layout=2d with W={self.config.lade_window} N={self.config.lade_ngram} "
-                    f"G={self.config.lade_candidates} needs (N-1)(W+G)-1 = {self.config.lade_rows - 1} draft "
-                    f"tokens, but num_speculative_tokens is {self.k}")
+                    f"G={self.config.lade_candidates} (+{self.config.lade_context_candidate} context tokens) "
+                    f"needs (N-1)(W+G)-1 = {self.config.lade_rows - 1} draft tokens, but "
+                    f"num_speculative_tokens is {self.k}")
             lade2d.install_lade2d_hooks()
         logger.info("vllm-lookahead proposer: k=%d config=%s", self.k, self.config.as_dict())
 
@@ -190,10 +191,19 @@ class LookaheadProposer:
             if st is None:
                 st = self.lade[row.req_id] = LadeState(*self._lade_shape(sp), seed=cfg.lade_seed)
             st.observe(row.context, row.num_tokens, row.prompt_len)
-            plan = st.plan(int(row.context[row.num_tokens - 1]), row.num_tokens - 1)
+            plan = st.plan(int(row.context[row.num_tokens - 1]), row.num_tokens - 1, self._context_candidate(row))
             if 0 < len(plan.drafts) <= self.k:
                 lade2d.PENDING[row.req_id] = plan
                 drafts[i] = plan.drafts
+
+    def _context_candidate(self, row: RowStep) -> list[int]:
+        """A confident context match (the chain's index) as the first 2D candidate, if configured."""
+        n = self.config.lade_context_candidate
+        chain = self.drafter.states.get(row.req_id)
+        if not n or chain is None:
+            return []
+        cont, match_len = chain.index.lookup(n)
+        return list(cont) if match_len >= self.config.confident_match else []
 
     def _choose_layout(self, rows: list[RowStep], possible: bool) -> str:
         """Chain or 2D for the next step: the arbiter of this batch size, fed with the step just done."""
