@@ -55,6 +55,7 @@ class FlaggedRequest:
     q0: int  # first row in the flattened step
     plan: LadePlan
     sampling_params: Any = None
+    mask: torch.Tensor | None = None  # bool [L, p + L]: the prefix, then the plan's visibility (all layers)
     accepted: list[int] = field(default_factory=list)
     matched: int = 0
     winner: int = -1
@@ -73,6 +74,7 @@ class StepPlan:
     # concatenated in request order -- what the KV fix-up copies from and to
     stash: list[tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     rows_done: int = 0  # attention layers that took the masked path (checked by tests)
+    rows: torch.Tensor | None = None  # the flagged requests' rows in the flattened step, request order
 
 
 PENDING: dict[str, LadePlan] = {}
@@ -213,22 +215,22 @@ def _flag_requests(runner: Any, scheduler_output: Any, num_scheduled_tokens: np.
             continue
         q0 = int(ends[i]) - length
         runner.positions[q0 : q0 + length] = torch.from_numpy(plan.rel_pos + plan.position)
-        flagged.append(FlaggedRequest(rid, i, q0, plan, runner.requests[rid].sampling_params))
+        mask = torch.cat([torch.ones(length, plan.position, dtype=torch.bool), plan.visible], dim=1)
+        flagged.append(FlaggedRequest(rid, i, q0, plan, runner.requests[rid].sampling_params, mask))
     if not flagged:
         return None
-    return StepPlan(int(scheduler_output.total_num_scheduled_tokens), flagged)
+    rows = torch.cat([torch.arange(r.q0, r.q0 + r.num_rows) for r in flagged])
+    return StepPlan(int(scheduler_output.total_num_scheduled_tokens), flagged, rows=rows)
 
 
 def _masked_rows(impl: Any, layer: Any, step: StepPlan, query: torch.Tensor, key: torch.Tensor,
                  value: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor) -> None:
-    rows = []
     for req in step.requests:
         sl = slice(req.q0, req.q0 + req.num_rows)
         block_ids = attn_metadata.block_table[req.batch_index]
         output[sl] = masked_attention(query[sl], key[sl], value[sl], kv_cache, block_ids,
-                                      req.plan.position, req.plan.visible, impl.scale).view_as(output[sl])
-        rows.append(torch.arange(sl.start, sl.stop))
-    idx = torch.cat(rows)
+                                      req.plan.position, req.mask, impl.scale).view_as(output[sl])
+    idx = step.rows
     step.stash.append((impl, layer, kv_cache, key[idx].clone(), value[idx].clone(),
                        attn_metadata.slot_mapping[idx].clone()))
     step.rows_done += 1

@@ -64,15 +64,17 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     ``key``/``value``: this step's raw rows ``[L, kv_heads, head_dim]`` (not read from the cache, so rows
     whose KV slot is scratch work too); the committed prefix (``num_prefix`` tokens) is gathered from
-    the cache and visible to every row.  ``step_mask``: bool ``[L, L]``, True = row i sees step row j.
-    Computed in float32, like the ``vec`` kernel's accumulation.
+    the cache and visible to every row.  ``step_mask``: bool ``[L, L]``, True = row i sees step row j
+    (or the whole ``[L, num_prefix + L]`` mask, prefix columns included, to build it once per step
+    rather than once per layer).  Computed in float32, like the ``vec`` kernel's accumulation.
     """
     length, num_heads, _ = query.shape
     kv_heads = key.shape[1]
     kp, vp = gather_prefix(kv_cache, block_ids, num_prefix)
     k = torch.cat([kp, key.transpose(0, 1)], dim=1).float()
     v = torch.cat([vp, value.transpose(0, 1)], dim=1).float()
-    mask = torch.cat([torch.ones(length, num_prefix, dtype=torch.bool), step_mask.bool()], dim=1)
+    mask = step_mask.bool() if step_mask.shape[1] == num_prefix + length else \
+        torch.cat([torch.ones(length, num_prefix, dtype=torch.bool), step_mask.bool()], dim=1)
     q = query.transpose(0, 1).float()
     out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale,
                                          enable_gqa=num_heads != kv_heads)
