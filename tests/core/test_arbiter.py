@@ -22,7 +22,7 @@ def run(arb: LayoutArbiter, steps: int, cost: dict[str, tuple[int, float]]) -> l
 @pytest.mark.parametrize("faster", ["chain", "2d"])
 def test_the_faster_layout_wins_and_the_other_is_retried(faster):
     slow = "2d" if faster == "chain" else "chain"
-    arb = LayoutArbiter(explore_every=64, explore_steps=4, warmup_steps=8)
+    arb = LayoutArbiter(("chain", "2d"), explore_every=64, explore_steps=4, warmup_steps=8)
     # equal tokens per step, different step time: a compute-bound CPU (chain faster) or a GPU (2d faster)
     chosen = run(arb, 8 + 8 + 640, {faster: (2, 0.004), slow: (2, 0.006)})
     steady = chosen[16:]
@@ -31,7 +31,7 @@ def test_the_faster_layout_wins_and_the_other_is_retried(faster):
 
 
 def test_a_change_in_costs_flips_the_choice():
-    arb = LayoutArbiter(explore_every=16, explore_steps=4, warmup_steps=4)
+    arb = LayoutArbiter(("chain", "2d"), explore_every=16, explore_steps=4, warmup_steps=4)
     run(arb, 200, {"chain": (2, 0.004), "2d": (3, 0.008)})
     assert arb.choose() == "chain"
     chosen = run(arb, 400, {"chain": (2, 0.004), "2d": (3, 0.003)})  # rows became cheap
@@ -39,10 +39,21 @@ def test_a_change_in_costs_flips_the_choice():
 
 
 def test_idle_gaps_are_not_steps():
-    arb = LayoutArbiter(warmup_steps=2)
+    arb = LayoutArbiter(("chain",), warmup_steps=2)
     for _ in range(4):
         arb.observe("chain", 2, 0.004)
     arb.observe("chain", 2, 5.0)  # the engine waited for the next generate() call
     assert arb.step_s["chain"] == pytest.approx(0.004)
     arb.observe("chain", 0, 0.004)  # nothing committed (all prefill chunks): no information
     assert arb.samples["chain"] == 4
+
+
+def test_off_wins_when_no_draft_layout_pays_and_losers_are_retried_in_turn():
+    arb = LayoutArbiter(explore_every=32, explore_steps=2, warmup_steps=4)
+    # a busy batch on a compute-bound CPU: plain decoding serves the most tokens per second
+    chosen = run(arb, 12 + 640, {"off": (32, 0.009), "chain": (60, 0.020), "2d": (64, 0.040)})
+    steady = chosen[12:]
+    assert steady.count("off") > 0.85 * len(steady)
+    assert steady.count("chain") > 0 and steady.count("2d") > 0  # both still re-tried
+    with pytest.raises(ValueError, match="subset"):
+        LayoutArbiter(("tree",))

@@ -4,34 +4,41 @@ Why measure: whether LADE's 2D rows pay depends on the hardware, not the algorit
 GPU step the extra rows are nearly free and 2D's extra compression is a pure win; on a compute-bound
 CPU each row costs ~4% of a step and 2D loses to the chain (docs/design/lookahead-2d.md section 6).  A
 fixed rule would be wrong on one of them, so the engine times its own steps: an EMA of committed
-tokens per wall-clock second for each layout, the better one wins, and the other one is re-tried for a
-few steps every so often so that a change (batch composition, prompt mix) is noticed.
+tokens per wall-clock second for each layout, the best one wins, and the others are re-tried for a
+few steps every so often so that a change (batch composition, prompt mix) is noticed.  "off" (no
+drafts) is a layout too: at a large batch on a compute-bound device even the chain's rows can cost
+more than they return, and then the engine should simply decode.
 """
 
 from __future__ import annotations
 
-MODES = ("chain", "2d")
+MODES = ("chain", "2d", "off")  # off: no drafts at all -- when speculation itself does not pay
 
 
 class LayoutArbiter:
-    """Throughput arbitration between the chain and the 2D layout for one engine (batch-level)."""
+    """Throughput arbitration between draft layouts (a subset of ``MODES``) for one batch size."""
 
-    def __init__(self, explore_every: int = 64, explore_steps: int = 4, warmup_steps: int = 8,
-                 decay: float = 0.9, outlier: float = 8.0):
+    def __init__(self, modes: tuple[str, ...] = ("chain", "2d", "off"), explore_every: int = 64,
+                 explore_steps: int = 4, warmup_steps: int = 8, decay: float = 0.9, outlier: float = 8.0):
+        unknown = set(modes) - set(MODES)
+        if unknown or not modes:
+            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {modes}")
+        self.modes = tuple(modes)
         self.explore_every = explore_every
         self.explore_steps = explore_steps
         self.warmup_steps = warmup_steps
         self.decay = decay
         self.outlier = outlier  # a gap this many times the mode's mean step is idle time, not a step
-        self.tokens_per_s = {m: 0.0 for m in MODES}
-        self.step_s = {m: 0.0 for m in MODES}
-        self.samples = {m: 0 for m in MODES}
+        self.tokens_per_s = {m: 0.0 for m in self.modes}
+        self.step_s = {m: 0.0 for m in self.modes}
+        self.samples = {m: 0 for m in self.modes}
         self._since_explore = 0
-        self._exploring = 0
+        self._exploring: list[str] = []
+        self._next_explore = 0
 
     def observe(self, mode: str, tokens: int, seconds: float) -> None:
         """One engine step ran in ``mode``, committed ``tokens`` over the batch and took ``seconds``."""
-        if seconds <= 0 or tokens <= 0:
+        if mode not in self.samples or seconds <= 0 or tokens <= 0:
             return
         if self.samples[mode] >= self.warmup_steps and seconds > self.outlier * self.step_s[mode]:
             return  # the engine sat idle between two generate() calls
@@ -45,21 +52,22 @@ class LayoutArbiter:
 
     def choose(self) -> str:
         """The layout for the next step."""
-        for mode in ("2d", "chain"):  # first measure both
+        for mode in self.modes:  # first measure every mode
             if self.samples[mode] < self.warmup_steps:
                 return mode
-        best = max(MODES, key=lambda m: self.tokens_per_s[m])
-        other = MODES[1 - MODES.index(best)]
         if self._exploring:
-            self._exploring -= 1
-            return other
+            return self._exploring.pop()
+        best = max(self.modes, key=lambda m: self.tokens_per_s[m])
         self._since_explore += 1
-        if self._since_explore >= self.explore_every:
+        others = [m for m in self.modes if m != best]
+        if others and self._since_explore >= self.explore_every:  # re-try one loser, in turn
             self._since_explore = 0
-            self._exploring = self.explore_steps - 1
+            other = others[self._next_explore % len(others)]
+            self._next_explore += 1
+            self._exploring = [other] * (self.explore_steps - 1)
             return other
         return best
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {m: {"tokens_per_s": self.tokens_per_s[m], "step_ms": 1000 * self.step_s[m],
-                    "steps": self.samples[m]} for m in MODES}
+                    "steps": self.samples[m]} for m in self.modes}

@@ -87,9 +87,10 @@ class LookaheadConfig:
     addition to LADE, whose pool candidates are only N-1 tokens.  0 = pure LADE.  Adds up to this
     many rows; k must cover them too."""
     lade_policy: str = "measure"
-    """When the 2D layout may run (batch <= `lade_max_batch`): "measure" times the engine's own steps
-    and uses 2D only while it serves more tokens/s than the chain (core/arbiter.py; it re-tries the
-    loser every 64 steps), "always" uses it whenever it can (for tests and measurements)."""
+    """How a 2D engine picks each step's layout.  "measure": it times its own steps and, per batch size,
+    uses whichever of 2D (only at batch <= `lade_max_batch`), chain or no drafts at all serves the most
+    tokens/s (core/arbiter.py; the others are re-tried 4 steps in 64).  "always": 2D whenever it can,
+    the chain otherwise (for tests and measurements)."""
     lade_seed: int = 0
     chain_max_draft: int = 0
     """Longest chain draft (0 = num_speculative_tokens).  With layout="2d" the engine's k is sized for

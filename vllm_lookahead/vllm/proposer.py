@@ -66,8 +66,9 @@ class LookaheadProposer:
         self.lade: dict[str, LadeState] = {}
         self._lade_ok: bool | None = None  # None until the KV layout probe ran on the live engine
         self._step2d: lade2d.StepPlan | None = None
-        self.arbiters: dict[int, LayoutArbiter] = {}  # by batch size: 2D's worth depends on it
-        self._last_layout: tuple[str, int, float] | None = None  # (layout, batch size, time) of the step
+        # by (batch size, 2D possible): what pays depends on the batch size
+        self.arbiters: dict[tuple[int, bool], LayoutArbiter] = {}
+        self._last_layout: tuple[str, tuple[int, bool], float] | None = None  # (layout, arbiter key, time)
         if self.config.layout == "2d":
             if self.config.lade_rows - 1 > self.k:
                 raise LookaheadConfigError(
@@ -177,6 +178,8 @@ class LookaheadProposer:
             del self.lade[rid]
         use = bool(self._lade_ok) and len(rows) <= cfg.lade_max_batch
         layout = self._choose_layout(rows, use)
+        if layout == "off":  # the arbiter measured that no draft pays at this batch size
+            drafts[:] = [[] for _ in drafts]
         for i, row in enumerate(rows):
             st = self.lade.get(row.req_id)
             done = ran_2d.get(row.req_id)
@@ -206,17 +209,20 @@ class LookaheadProposer:
         return list(cont) if match_len >= self.config.confident_match else []
 
     def _choose_layout(self, rows: list[RowStep], possible: bool) -> str:
-        """Chain or 2D for the next step: the arbiter of this batch size, fed with the step just done."""
+        """2D, chain or off for the next step (2D engines only): with ``lade_policy="measure"`` the
+        arbiter of this batch size decides, fed with the step just done; "always": 2D when possible."""
         now = time.perf_counter()
         last, self._last_layout = self._last_layout, None
-        if last is not None and last[1] in self.arbiters:
+        if last is not None:
             self.arbiters[last[1]].observe(last[0], sum(len(r.new_tokens) for r in rows), now - last[2])
-        if not possible:
-            return "chain"
         if self.config.lade_policy == "always":
-            return "2d"
-        layout = self.arbiters.setdefault(len(rows), LayoutArbiter()).choose()
-        self._last_layout = (layout, len(rows), now)
+            return "2d" if possible else "chain"
+        key = (len(rows), possible)
+        arbiter = self.arbiters.get(key)
+        if arbiter is None:
+            arbiter = self.arbiters[key] = LayoutArbiter(("chain", "2d", "off") if possible else ("chain", "off"))
+        layout = arbiter.choose()
+        self._last_layout = (layout, key, now)
         return layout
 
     def _lade_shape(self, sampling_params: Any) -> tuple[int, int, int]:
