@@ -14,6 +14,11 @@ n-gram or the current Jacobi iterate; the target argmax at every verified row (c
 ``runner_patch``) yields the next iterate and trajectory n-grams.  All algorithmic state lives in
 ``vllm_lookahead.core`` keyed by request id, so row reordering, preemption and ``n > 1`` are handled by
 id, never by row index.
+
+With ``layout="2d"`` the proposer can instead hand vLLM LADE's whole step (G candidates + the Jacobi
+window) as the draft of an eligible request; ``lade2d`` then runs it with LADE's mask and verifies it
+with a multi-candidate verifier (docs/lookahead.md, "The 2D layout").  A measured arbiter per batch size
+(``core.arbiter``) picks 2D, the chain or no drafts for each step.
 """
 
 from __future__ import annotations
