@@ -10,12 +10,13 @@ One short string per decoder keeps the command line readable and the report self
     lookahead:k=4[,window=W,ngram=N,pool_size=G,...]
                                                vllm_lookahead.LookaheadProposer (CONTRACTS.md); keys
                                                and ranges are the proposer's (core.LookaheadConfig)
-    lookahead2d:W=5,N=3,G=5[,k=,max_batch=1,chain_k=4,policy=measure,context=0]
+    lookahead2d:W=5,N=3,G=5[,k=,max_batch=1,chain_k=4,policy=measure,context=0,shared=0]
                                                the same proposer with LADE's 2D layout (layout=2d);
                                                k defaults to (N-1)(W+G)-1, max_batch = lade_max_batch,
                                                chain_k = chain_max_draft (drafts of chain requests),
                                                policy = lade_policy (measure | always),
-                                               context = lade_context_candidate
+                                               context = lade_context_candidate,
+                                               shared = lade_shared_candidates
     custom:pkg.module.Class:k=4[,key=value...] any proposer class vLLM can load as custom_class;
                                                extra keys go to additional_config["custom_proposer"]
 
@@ -40,7 +41,7 @@ MAX_K = 16
 MAX_K_2D = 128  # vLLM's MAX_SPEC_LEN: the 2D layout's rows are its drafts
 LADE_KEYS = {"W": "lade_window", "N": "lade_ngram", "G": "lade_candidates", "max_batch": "lade_max_batch",
              "seed": "lade_seed", "chain_k": "chain_max_draft", "policy": "lade_policy",
-             "context": "lade_context_candidate"}
+             "context": "lade_context_candidate", "shared": "lade_shared_candidates"}
 SPEC_HELP = (
     "decoder SPEC: none | ngram:k=4[,n_min=2,n_max=4] | suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1]"
     " | lookahead:k=4[,window=W,ngram=N,pool_size=G] | lookahead2d:W=5,N=3,G=5[,max_batch=1]"

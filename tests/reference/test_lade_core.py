@@ -88,7 +88,7 @@ def test_plan_rows_match_their_causal_context(tiny_llama, w, n, g, seed, steps, 
     for _ in range(steps):  # advance the window with arbitrary argmax: the layout rules must still hold
         plan = state.plan(prompt[0], len(prompt))
         state.absorb(plan, [rng.randrange(VOCAB) for _ in plan.tokens], 0)
-    plan = state.plan(prompt[0], len(prompt), extra)
+    plan = state.plan(prompt[0], len(prompt), [extra])
     assert plan.tokens[0] == prompt[0] and len(plan.drafts) == len(plan.tokens) - 1
     if plan.guesses:  # candidate 0 right after the current token: its KV lands in the next step's slots
         assert plan.guess_rows[0] == list(range(1, len(plan.guesses[0]) + 1))
@@ -96,6 +96,7 @@ def test_plan_rows_match_their_causal_context(tiny_llama, w, n, g, seed, steps, 
     if extra:
         assert plan.guesses[0] == tuple(extra)
         assert all(gu != tuple(extra[: len(gu)]) for gu in plan.guesses[1:])  # no duplicate rows
+    assert len(set(plan.guesses)) == len(plan.guesses)
     assert max_row_error(tiny_llama, prompt, as_layout(plan), list(range(len(plan.tokens)))) < TOL
 
 

@@ -49,7 +49,7 @@ def runs(engine_factory):
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     out: dict = {"none": {}, "2d": {}, "counters": {}}
     # engines run one after another (deleting one while another is alive breaks vLLM's global state)
-    llm = engine_factory(SPEC + ",context=4")
+    llm = engine_factory(SPEC + ",context=4,shared=2")
     lade2d.COUNTERS.reset()
     out["context"] = _generate(llm, prompts, 8, sp)
     out["context_counters"] = dict(vars(lade2d.COUNTERS))
@@ -87,9 +87,9 @@ def test_2d_greedy_float32_identical(runs, bs):
     assert c["steps"] >= len(prompts) * 5 and c["accepted"] > c["steps"] // 4 and c["fixups"] > 0, c
 
 
-def test_2d_with_context_candidate_identical(runs):
-    """The context-match candidate (longer than LADE's N-1 tokens, verified first) keeps exactness and
-    raises the tokens committed per 2D step."""
+def test_2d_with_extra_candidates_identical(runs):
+    """Extra candidates -- a context match longer than LADE's N-1 tokens and continuations from the
+    engine-wide pool, verified first -- keep exactness and raise the tokens committed per 2D step."""
     _, out, _ = runs
     assert out["context"] == out["none"][8]
     c, plain = out["context_counters"], out["counters"][8]

@@ -86,6 +86,10 @@ class LookaheadConfig:
     index) become the first 2D candidate when the match is >= `confident_match` tokens long -- an
     addition to LADE, whose pool candidates are only N-1 tokens.  0 = pure LADE.  Adds up to this
     many rows; k must cover them too."""
+    lade_shared_candidates: int = 0
+    """Up to this many continuations (`ngram` - 1 tokens each) from the engine-wide pool of output
+    n-grams (`shared_pool_keys`) become 2D candidates after the context candidate -- the multi-source
+    verification the 2D layout makes possible.  0 = pure LADE."""
     lade_policy: str = "measure"
     """How a 2D engine picks each step's layout.  "measure": it times its own steps and, per batch size,
     uses whichever of 2D (only at batch <= `lade_max_batch`), chain or no drafts at all serves the most
@@ -134,6 +138,7 @@ class LookaheadConfig:
         need(0 <= self.lade_candidates <= 64, "lade_candidates", "must be in 0..64")
         need(self.lade_max_batch >= 0, "lade_max_batch", "must be >= 0")
         need(0 <= self.lade_context_candidate <= 32, "lade_context_candidate", "must be in 0..32")
+        need(0 <= self.lade_shared_candidates <= 16, "lade_shared_candidates", "must be in 0..16")
         need(self.lade_policy in ("measure", "always"), "lade_policy", 'must be "measure" or "always"')
         need(0 <= self.chain_max_draft <= 128, "chain_max_draft", "must be in 0..128 (0 = k)")
         need(self.lade_rows <= 129, "lade_window",
@@ -141,8 +146,10 @@ class LookaheadConfig:
 
     @property
     def lade_rows(self) -> int:
-        """Most query rows of a 2D step, (N-1)(W+G) plus the context candidate; needs k >= lade_rows - 1."""
-        return (self.lade_ngram - 1) * (self.lade_window + self.lade_candidates) + self.lade_context_candidate
+        """Most query rows of a 2D step: (N-1)(W+G), the context and the shared-pool candidates; k must be
+        >= lade_rows - 1."""
+        return ((self.lade_ngram - 1) * (self.lade_window + self.lade_candidates) + self.lade_context_candidate
+                + self.lade_shared_candidates * (self.ngram - 1))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> LookaheadConfig:

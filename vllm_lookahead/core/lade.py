@@ -142,17 +142,18 @@ class LadeState:
             self.pool.add(toks[e - n + 1], toks[e - n + 2 : e + 1])
         self.seen = num_tokens
 
-    def plan(self, current: int, position: int, extra: Sequence[int] = ()) -> LadePlan:
+    def plan(self, current: int, position: int, extra: Sequence[Sequence[int]] = ()) -> LadePlan:
         """The rows of the next step for a request whose current token ``current`` sits at ``position``.
 
-        ``extra``: a candidate from elsewhere (a context match of any length), verified first; LADE's
-        pool candidates follow (without a copy of ``extra``).
+        ``extra``: candidates from elsewhere (a context match, the engine-wide pool; any length),
+        verified first, in order; LADE's pool candidates follow.  A candidate that is a prefix of an
+        earlier one adds no information and is dropped.
         """
         full = len(self.levels) == self.ngram - 1
-        guesses = self.pool.candidates(current) if full else []
-        if extra:
-            first = tuple(int(t) for t in extra)
-            guesses = [first] + [g for g in guesses if g != first[: len(g)]]
+        guesses: list[tuple[int, ...]] = []
+        for cand in [tuple(int(t) for t in e) for e in extra if len(e)] + (self.pool.candidates(current) if full else []):
+            if not any(g[: len(cand)] == cand for g in guesses):
+                guesses.append(cand)
         lay = build_step_layout(current, position, self.levels, guesses)
         order = [0] + [r for rows in lay.guess_rows for r in rows] + lay.level_rows[0][1:] \
             + [r for rows in lay.level_rows[1:] for r in rows]

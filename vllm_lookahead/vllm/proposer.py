@@ -199,19 +199,25 @@ class LookaheadProposer:
             if st is None:
                 st = self.lade[row.req_id] = LadeState(*self._lade_shape(sp), seed=cfg.lade_seed)
             st.observe(row.context, row.num_tokens, row.prompt_len)
-            plan = st.plan(int(row.context[row.num_tokens - 1]), row.num_tokens - 1, self._context_candidate(row))
+            current = int(row.context[row.num_tokens - 1])
+            plan = st.plan(current, row.num_tokens - 1, self._extra_candidates(row, current))
             if 0 < len(plan.drafts) <= self.k:
                 lade2d.PENDING[row.req_id] = plan
                 drafts[i] = plan.drafts
 
-    def _context_candidate(self, row: RowStep) -> list[int]:
-        """A confident context match (the chain's index) as the first 2D candidate, if configured."""
-        n = self.config.lade_context_candidate
+    def _extra_candidates(self, row: RowStep, current: int) -> list[list[int]]:
+        """2D candidates beyond LADE's pool, if configured: a confident context match (the chain's
+        index), then continuations of the current token from the engine-wide pool."""
+        cfg = self.config
+        out: list[list[int]] = []
         chain = self.drafter.states.get(row.req_id)
-        if not n or chain is None:
-            return []
-        cont, match_len = chain.index.lookup(n)
-        return list(cont) if match_len >= self.config.confident_match else []
+        if cfg.lade_context_candidate and chain is not None:
+            cont, match_len = chain.index.lookup(cfg.lade_context_candidate)
+            if match_len >= cfg.confident_match:
+                out.append(list(cont))
+        if cfg.lade_shared_candidates and self.drafter.shared is not None:
+            out += [list(c) for c in self.drafter.shared.get(current)[: cfg.lade_shared_candidates]]
+        return out
 
     def _choose_layout(self, rows: list[RowStep], possible: bool) -> str:
         """2D, chain or off for the next step (2D engines only): with ``lade_policy="measure"`` the
