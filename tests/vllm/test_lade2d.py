@@ -194,6 +194,29 @@ def test_2d_sampling_distribution_unchanged(runs, engine_factory):
     assert min(ps) > 0.01 / 3, f"the 2D layout changed the sampling distribution: p={ps}"
 
 
+def test_2d_greedy_identical_under_preemption(runs, engine_factory):
+    """A KV cache too small for the batch forces preemption and recomputation: parked 2D plans go
+    stale (they must fall back to chain verification) and window state is rebuilt -- outputs unchanged.
+    (Runs after every test that uses the module's engine: a second engine cannot be deleted while the
+    first is still to be used.)"""
+    from vllm import SamplingParams
+
+    from vllm_lookahead.vllm import lade2d
+
+    prompts, out, _ = runs
+    llm = engine_factory(SPEC + ",context=4,shared=2", max_model_len=512,
+                         extra={"num_gpu_blocks_override": 20, "block_size": 32})
+    lade2d.COUNTERS.reset()
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    preempted = sum(getattr(o.metrics, "num_preemptions", 0) or 0 for o in outs)
+    steps = lade2d.COUNTERS.steps
+    del llm
+    gc.collect()
+    assert [list(o.outputs[0].token_ids) for o in outs] == out["none"][32]
+    assert preempted > 0, "the tiny KV cache did not force any preemption"
+    assert steps > 100
+
+
 def test_2d_config_errors():
     from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError
     from vllm_lookahead.decoders import SpecError, parse_spec
