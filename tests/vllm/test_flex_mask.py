@@ -118,3 +118,24 @@ def test_flex_attention_with_the_lade_mask_equals_sdpa():
     differs = (causal - want).abs().amax(dim=(0, 1, 3)) > 1e-3
     masked_rows = (~plan.visible & torch.ones(n, n, dtype=torch.bool).tril()).any(dim=1)
     assert torch.equal(differs, masked_rows)
+
+
+def test_flex_kv_fixup_copies_slots_in_the_flex_layout():
+    """The CUDA path's KV fix-up: K and V of the winner's slots land in the slots after the prefix, in
+    FlexAttention's cache layout ``[blocks, kv_heads, block_size, 2 * head_dim]`` (what vLLM 0.32's
+    ``FlexAttentionImpl.do_kv_cache_update`` writes through ``transpose(1, 2)``); nothing else changes."""
+    from vllm_lookahead.vllm.lade2d import copy_slots_flex
+
+    blocks, heads, bs, d = 6, 2, 16, 8
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(blocks, heads, bs, 2 * d, generator=g)
+    before = cache.clone()
+    src = torch.tensor([37, 38, 81])  # rows of a later candidate (slots p+r)
+    dst = torch.tensor([33, 34, 35])  # slots p+1..p+m, across a block boundary for 81 -> 35 too
+    copy_slots_flex(cache, src, dst)
+    token_view = cache.transpose(1, 2).reshape(blocks * bs, heads, 2 * d)  # slot -> [heads, K|V]
+    old_view = before.transpose(1, 2).reshape(blocks * bs, heads, 2 * d)
+    assert torch.equal(token_view[dst], old_view[src])
+    untouched = torch.ones(blocks * bs, dtype=torch.bool)
+    untouched[dst] = False
+    assert torch.equal(token_view[untouched], old_view[untouched])

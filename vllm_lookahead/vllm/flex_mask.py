@@ -62,10 +62,11 @@ def lade_mask_mod(tables: LadeMaskTables, req: torch.Tensor, logical_q: torch.Te
     return torch.where(base >= 0, lade & (logical_q >= logical_kv), logical_q >= logical_kv)
 
 
-def install_flex_mask_patch(current_tables: Any) -> bool:
+def install_flex_mask_patch(current_tables: Any, on_build: Any = None) -> bool:
     """Wrap ``FlexAttentionMetadata.get_paged_mask_mod`` so flagged requests get LADE's mask.
 
-    ``current_tables()`` returns this step's ``LadeMaskTables`` or None (no 2D request in the step).
+    ``current_tables()`` returns this step's ``LadeMaskTables`` or None (no 2D request in the step);
+    ``on_build(metadata)`` is called when a LADE mask is built (the 2D path takes the slot mapping there).
     """
     from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadata
 
@@ -77,6 +78,8 @@ def install_flex_mask_patch(current_tables: Any) -> bool:
         tables = current_tables()
         if tables is None:
             return original(self)
+        if on_build is not None:
+            on_build(self)
         doc_ids = self.doc_ids
 
         def final_mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, physical_kv_idx: torch.Tensor):

@@ -37,6 +37,7 @@ import torch
 
 from vllm_lookahead.core.lade import LadePlan, verify_greedy, verify_sampled
 
+from .flex_mask import LadeMaskTables, install_flex_mask_patch
 from .masked_attention import layout_probe, masked_attention
 from .version import check_vllm_version
 
@@ -75,10 +76,16 @@ class StepPlan:
     stash: list[tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     rows_done: int = 0  # attention layers that took the masked path (checked by tests)
     rows: torch.Tensor | None = None  # the flagged requests' rows in the flattened step, request order
+    # FlexAttention (CUDA) path: the mask tables, this step's slot mapping (captured when vLLM builds the
+    # mask) and the layers' caches for the slot-to-slot KV fix-up
+    flex_tables: LadeMaskTables | None = None
+    slot_mapping: torch.Tensor | None = None
+    kv_caches: list[torch.Tensor] = field(default_factory=list)
 
 
 PENDING: dict[str, LadePlan] = {}
 CURRENT: StepPlan | None = None
+BACKEND = "cpu"  # "cpu": masked SDPA after the stock kernel; "flex": LADE's mask inside FlexAttention
 LAST: StepPlan | None = None  # the last verified 2D step, read by the proposer and by tests
 FIXUP_ENABLED = True  # tests switch it off once to show the exactness test depends on it
 TRACE: dict[str, list[tuple[int, int, int]]] | None = None  # when a dict: req id -> (rows, committed, winner) per 2D step
@@ -128,33 +135,53 @@ def target_probs(logits: torch.Tensor, sampling_params: Any) -> np.ndarray:
     n = rows.shape[0]
     k = torch.full((n,), sp.top_k, dtype=torch.int64) if 0 < sp.top_k < rows.shape[1] else None
     p = torch.full((n,), sp.top_p, dtype=torch.float32) if sp.top_p < 1.0 else None
+    k = k.to(rows.device) if k is not None else None
+    p = p.to(rows.device) if p is not None else None
     rows = apply_top_k_top_p(rows, k, p)
-    return torch.softmax(rows, dim=-1).numpy()
+    return torch.softmax(rows, dim=-1).cpu().numpy()
 
 
 def check_engine(runner: Any) -> tuple[bool, str]:
-    """(ok, why not): can this engine run the CPU masked path at all?  Probes the KV layout."""
-    if runner.device.type != "cpu":
-        return False, "the masked attention path is implemented for the CPU backend only (CUDA: design note section 7)"
+    """(ok, why not): can this engine run the 2D step?  CPU backend: probes the KV layout.  CUDA:
+    FlexAttention only, with piecewise (not full) CUDA graphs -- a full graph replay would bypass the
+    mask.  The CUDA path has never run on a GPU (none was available): it logs a warning when chosen."""
+    global BACKEND
     if getattr(runner, "uses_mrope", False):
         return False, "M-RoPE models are not supported"
     layers = runner.compilation_config.static_forward_context
     impls = [(name, layer) for name, layer in layers.items() if hasattr(layer, "impl")]
     if not impls:
         return False, "no attention layers found"
+    kinds = {type(layer.impl).__name__ for _, layer in impls}
+    if len(kinds) != 1 or kinds.pop() not in ("CPUAttentionBackendImpl", "FlexAttentionImpl"):
+        return False, (f"attention backend(s) {sorted({type(lay.impl).__name__ for _, lay in impls})}: the 2D "
+                       "layout needs the CPU backend or FLEX_ATTENTION (attention_backend='FLEX_ATTENTION')")
     for name, layer in impls:
         impl = layer.impl
-        if type(impl).__name__ != "CPUAttentionBackendImpl":
-            return False, f"layer {name} uses {type(impl).__name__}, not the CPU attention backend"
-        if impl.alibi_slopes is not None or impl.sliding_window not in (None, -1) \
-                or impl.logits_soft_cap not in (None, 0, 0.0) or impl.sinks is not None:
+        if getattr(impl, "alibi_slopes", None) is not None or getattr(impl, "sliding_window", None) not in (None, -1) \
+                or getattr(impl, "logits_soft_cap", None) not in (None, 0, 0.0) or getattr(impl, "sinks", None) is not None:
             return False, f"layer {name}: alibi, sliding window, softcap or sinks are not supported"
     _, layer = impls[0]
-    kv = layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
+    kv = _layer_cache(layer)
     if not isinstance(kv, torch.Tensor) or kv.dim() != 4:
         return False, "unexpected KV cache shape"
-    ok, why = layout_probe(kv.dtype, layer.isa, kv.shape[1], kv.shape[3] // 2, kv.shape[2])
-    return ok, why
+    if type(layer.impl).__name__ == "FlexAttentionImpl":
+        mode = runner.compilation_config.cudagraph_mode
+        if mode is not None and mode.has_full_cudagraphs():
+            return False, ("FULL CUDA graphs replay attention without the LADE mask; use "
+                           "compilation_config={'cudagraph_mode': 'PIECEWISE'}")
+        BACKEND = "flex"
+        install_flex_mask_patch(lambda: CURRENT.flex_tables if CURRENT is not None else None, _take_slot_mapping)
+        logger.warning("vllm-lookahead: layout=2d on FlexAttention is EXPERIMENTAL: written against vLLM 0.32, "
+                       "never run on a GPU by this project")
+        return True, ""
+    BACKEND = "cpu"
+    return layout_probe(kv.dtype, layer.isa, kv.shape[1], kv.shape[3] // 2, kv.shape[2])
+
+
+def _take_slot_mapping(metadata: Any) -> None:
+    if CURRENT is not None:
+        CURRENT.slot_mapping = metadata.slot_mapping
 
 
 def _layer_cache(layer: Any) -> torch.Tensor:
@@ -214,13 +241,23 @@ def _flag_requests(runner: Any, scheduler_output: Any, num_scheduled_tokens: np.
             COUNTERS.fallbacks += 1
             continue
         q0 = int(ends[i]) - length
-        runner.positions[q0 : q0 + length] = torch.from_numpy(plan.rel_pos + plan.position)
-        mask = torch.cat([torch.ones(length, plan.position, dtype=torch.bool), plan.visible], dim=1)
+        positions = torch.from_numpy(plan.rel_pos + plan.position)
+        runner.positions[q0 : q0 + length] = positions.to(runner.positions.device, non_blocking=True)
+        mask = None
+        if BACKEND == "cpu":
+            mask = torch.cat([torch.ones(length, plan.position, dtype=torch.bool), plan.visible], dim=1)
         flagged.append(FlaggedRequest(rid, i, q0, plan, runner.requests[rid].sampling_params, mask))
     if not flagged:
         return None
     rows = torch.cat([torch.arange(r.q0, r.q0 + r.num_rows) for r in flagged])
-    return StepPlan(int(scheduler_output.total_num_scheduled_tokens), flagged, rows=rows)
+    step = StepPlan(int(scheduler_output.total_num_scheduled_tokens), flagged, rows=rows)
+    if BACKEND == "flex":  # the mask is applied inside FlexAttention (flex_mask.py); nothing per layer
+        step.flex_tables = LadeMaskTables.build(batch.num_reqs, [(r.batch_index, r.plan.visible) for r in flagged],
+                                                device=runner.positions.device)
+        step.kv_caches = [_layer_cache(layer) for layer in runner.compilation_config.static_forward_context.values()
+                          if hasattr(layer, "impl")]
+        step.rows_done = 1
+    return step
 
 
 def _masked_rows(impl: Any, layer: Any, step: StepPlan, query: torch.Tensor, key: torch.Tensor,
@@ -266,12 +303,16 @@ def apply_verification(step: StepPlan, sampler_output: Any) -> None:
     for req in step.requests:
         row = sampled[req.batch_index]
         row.fill_(-1)
-        row[: len(req.accepted)] = torch.tensor(req.accepted, dtype=row.dtype)
+        row[: len(req.accepted)] = torch.tensor(req.accepted, dtype=row.dtype, device=row.device)
         if req.winner > 0 and req.matched > 0 and FIXUP_ENABLED:
             src = torch.tensor(req.plan.guess_rows[req.winner][: req.matched]) + offset
             dst = torch.arange(1, req.matched + 1) + offset  # rows 1..m hold slots p+1..p+m
-            for impl, layer, kv_cache, k, v, slots in step.stash:
+            for impl, layer, kv_cache, k, v, slots in step.stash:  # CPU: rewrite from the raw K/V
                 impl.do_kv_cache_update(layer, k[src], v[src], kv_cache, slots[dst])
+            if step.flex_tables is not None and step.slot_mapping is not None:  # Flex: copy slot to slot
+                slots = step.slot_mapping[step.rows.to(step.slot_mapping.device)]
+                for kv_cache in step.kv_caches:
+                    copy_slots_flex(kv_cache, slots[src.to(slots.device)], slots[dst.to(slots.device)])
             COUNTERS.fixups += 1
         COUNTERS.steps += 1
         COUNTERS.accepted += req.matched
@@ -281,3 +322,13 @@ def apply_verification(step: StepPlan, sampler_output: Any) -> None:
         offset += req.num_rows
     LAST = step
     CURRENT = None
+
+
+def copy_slots_flex(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    """Copy K and V of cache slots ``src_slots`` to ``dst_slots`` in FlexAttention's layout
+    ``[num_blocks, kv_heads, block_size, 2 * head_dim]`` (K and V halves of the last axis; vLLM 0.32's
+    ``FlexAttentionImpl.do_kv_cache_update``).  Source and destination must not overlap."""
+    bs = kv_cache.shape[2]
+    src_b, src_n = src_slots // bs, src_slots % bs
+    dst_b, dst_n = dst_slots // bs, dst_slots % bs
+    kv_cache[dst_b, :, dst_n] = kv_cache[src_b, :, src_n]
