@@ -111,7 +111,9 @@ class LadePlan:
 
 
 class LadeState:
-    """Window, pool and step planning of one request (LADE W/N/G, greedy)."""
+    """Window, pool and step planning of one request (LADE W/N/G).  The window follows the target's
+    argmax in greedy and sampling mode alike; the pool holds at most G continuations per key and one
+    key per distinct committed token (LADE's pool has no key bound either)."""
 
     def __init__(self, window: int, ngram: int, candidates: int, seed: int = 0):
         if window < 1 or ngram < 3 or candidates < 0:
