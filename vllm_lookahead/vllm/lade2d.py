@@ -89,7 +89,6 @@ class StepPlan:
 PENDING: dict[str, LadePlan] = {}
 CURRENT: StepPlan | None = None
 BACKEND = "cpu"  # "cpu": masked SDPA after the stock kernel; "flex": LADE's mask inside FlexAttention
-LAST: StepPlan | None = None  # the last verified 2D step (for debugging and tests)
 FIXUP_ENABLED = True  # tests switch it off once to show the exactness test depends on it
 TRACE: dict[str, list[tuple[int, int, int]]] | None = None  # when a dict: req id -> (rows, committed, winner) per 2D step
 
@@ -276,8 +275,10 @@ def _masked_rows(impl: Any, layer: Any, step: StepPlan, query: torch.Tensor, key
     step.rows_done += 1
 
 
-def verify_step(logits: torch.Tensor, spec_decode_metadata: Any) -> StepPlan | None:
-    """Greedy multi-candidate verification of this step's flagged requests (before vLLM samples)."""
+def verify_step(logits: torch.Tensor, argmax: torch.Tensor, spec_decode_metadata: Any) -> StepPlan | None:
+    """Multi-candidate verification of this step's flagged requests (before vLLM samples).
+
+    ``argmax``: the target's argmax at every logits row (the proposer computes it once for all rows)."""
     step = CURRENT
     if step is None or spec_decode_metadata is None or step.rows_done == 0:
         return None
@@ -286,7 +287,7 @@ def verify_step(logits: torch.Tensor, spec_decode_metadata: Any) -> StepPlan | N
         end = cu[req.batch_index]
         start = end - req.num_rows
         rows = logits[start:end]
-        req.argmax = rows.argmax(dim=-1).tolist()  # the window's Jacobi update uses argmax in both modes
+        req.argmax = argmax[start:end].tolist()  # the window's Jacobi update uses argmax in both modes
         plan, sp = req.plan, req.sampling_params
         if sp.temperature < SAMPLING_EPS:
             req.accepted, req.matched, req.winner = verify_greedy(req.argmax[0], plan.guesses,
@@ -300,7 +301,7 @@ def verify_step(logits: torch.Tensor, spec_decode_metadata: Any) -> StepPlan | N
 
 def apply_verification(step: StepPlan, sampler_output: Any) -> None:
     """Overwrite the flagged rows of ``sampled_token_ids`` and move a later winner's KV into place."""
-    global CURRENT, LAST
+    global CURRENT
     sampled = sampler_output.sampled_token_ids
     offset = 0
     for req in step.requests:
@@ -323,7 +324,6 @@ def apply_verification(step: StepPlan, sampler_output: Any) -> None:
         if TRACE is not None:
             TRACE.setdefault(req.req_id, []).append((req.num_rows, len(req.accepted), req.winner))
         offset += req.num_rows
-    LAST = step
     CURRENT = None
 
 

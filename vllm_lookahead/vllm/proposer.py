@@ -103,10 +103,9 @@ class LookaheadProposer:
             return
         import torch
 
-        if self.config.layout == "2d":
-            self._step2d = lade2d.verify_step(logits, spec_decode_metadata)
-
         argmax = logits.argmax(dim=-1)
+        if self.config.layout == "2d":
+            self._step2d = lade2d.verify_step(logits, argmax, spec_decode_metadata)
         if argmax.device.type != "cpu":
             host = torch.empty(argmax.shape, dtype=argmax.dtype, device="cpu", pin_memory=True)
             host.copy_(argmax, non_blocking=True)  # read in propose(), after vLLM's bookkeeping sync
