@@ -16,8 +16,7 @@ import gc
 from types import SimpleNamespace
 
 import pytest
-
-from vllm_lookahead.prompts import load_heldout_prompts
+from lossless_support import generate_in_chunks, heldout_prompts, token_position_pvalue
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -27,15 +26,10 @@ W, N, G = 5, 3, 5
 SPEC = f"lookahead2d:W={W},N={N},G={G},max_batch=32,policy=always"  # 2D on every step it can
 
 
-def _prompts() -> list[str]:
-    return load_heldout_prompts(32, "mixed", seed=11)
 
 
 def _generate(llm, prompts, bs, sp):
-    outs = []
-    for i in range(0, len(prompts), bs):
-        outs.extend(llm.generate(prompts[i : i + bs], sp, use_tqdm=False))
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return [list(o.outputs[0].token_ids) for o in generate_in_chunks(llm, prompts, bs, sp)]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +39,7 @@ def runs(engine_factory):
 
     from vllm_lookahead.vllm import lade2d
 
-    prompts = _prompts()
+    prompts = heldout_prompts()
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     out: dict = {"none": {}, "2d": {}, "counters": {}}
     # engines run one after another (deleting one while another is alive breaks vLLM's global state)
@@ -160,10 +154,7 @@ def test_2d_sampling_distribution_unchanged(runs, engine_factory):
     """T=1 with top-p: tokens 2..4 have the same distribution with the 2D layout (multi-candidate
     rule) as without speculation; chi-square per position, Bonferroni over 3.  The power of this test
     at this size is shown by the positive control in test_lossless.py (T=1.3 rejected)."""
-    from collections import Counter
 
-    import numpy as np
-    from scipy import stats
     from vllm import SamplingParams
 
     from vllm_lookahead.vllm import lade2d
@@ -180,17 +171,7 @@ def test_2d_sampling_distribution_unchanged(runs, engine_factory):
     del base_llm
     gc.collect()
 
-    def pvalue(pos: int) -> float:
-        ca = Counter(s[pos] if len(s) > pos else -1 for s in base)
-        cb = Counter(s[pos] if len(s) > pos else -1 for s in got)
-        keys = sorted(set(ca) | set(cb), key=lambda t: -(ca[t] + cb[t]))
-        big = [t for t in keys if ca[t] + cb[t] >= 10]
-        table = np.array([[ca[t] for t in big] + [sum(ca[t] for t in keys if t not in big)],
-                          [cb[t] for t in big] + [sum(cb[t] for t in keys if t not in big)]])
-        table = table[:, table.sum(0) > 0]
-        return 1.0 if table.shape[1] < 2 else float(stats.chi2_contingency(table)[1])
-
-    ps = [pvalue(pos) for pos in (1, 2, 3)]
+    ps = [token_position_pvalue(base, got, pos) for pos in (1, 2, 3)]
     assert min(ps) > 0.01 / 3, f"the 2D layout changed the sampling distribution: p={ps}"
 
 

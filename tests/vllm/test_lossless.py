@@ -10,13 +10,9 @@ checks on 200+ prompts and adds the bfloat16 match rate next to its A/A baseline
 from __future__ import annotations
 
 import gc
-from collections import Counter
 
-import numpy as np
 import pytest
-from scipy import stats
-
-from vllm_lookahead.prompts import load_heldout_prompts
+from lossless_support import generate_in_chunks, heldout_prompts, token_position_pvalue
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -24,34 +20,23 @@ MAX_TOKENS = 48
 BATCH_SIZES = (1, 8, 32)
 
 
-def _prompts() -> list[str]:
-    return load_heldout_prompts(32, "mixed", seed=11)
-
-
-def _generate(llm, prompts, bs, sp):
-    outs = []
-    for i in range(0, len(prompts), bs):
-        outs.extend(llm.generate(prompts[i : i + bs], sp, use_tqdm=False))
-    return outs
-
-
 @pytest.fixture(scope="module")
 def greedy_runs(engine_factory):
     """Token ids per decoder and batch size, plus lookahead's spec-decode counters."""
     from vllm import SamplingParams
 
-    prompts = _prompts()
+    prompts = heldout_prompts()
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     runs: dict[str, dict] = {}
     for spec in ("none", "lookahead:k=4"):
         llm = engine_factory(spec)
         runs[spec] = {}
         for bs in BATCH_SIZES:
-            outs = _generate(llm, prompts, bs, sp)
+            outs = generate_in_chunks(llm, prompts, bs, sp)
             runs[spec][bs] = [list(o.outputs[0].token_ids) for o in outs]
             runs[spec][f"metrics{bs}"] = [o.outputs[0].spec_decode_metrics for o in outs]
         # prefix caching: the same prompts again hit the cache
-        runs[spec]["cached"] = [list(o.outputs[0].token_ids) for o in _generate(llm, prompts, 8, sp)]
+        runs[spec]["cached"] = [list(o.outputs[0].token_ids) for o in generate_in_chunks(llm, prompts, 8, sp)]
         # n > 1 (vLLM allows it only when sampling): each child is its own request id for the drafter
         multi = llm.generate(prompts[:4], SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, n=2),
                              use_tqdm=False)
@@ -98,7 +83,7 @@ def test_greedy_identical_under_preemption(engine_factory):
     per-request state (keyed by request id) must survive that without changing any output."""
     from vllm import SamplingParams
 
-    prompts = _prompts()
+    prompts = heldout_prompts()
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     outputs = {}
     preempted = {}
@@ -136,20 +121,8 @@ def test_sampling_distribution_unchanged(engine_factory):
         gc.collect()
     assert drafted > 0, "lookahead proposed no drafts at T=1: the test would be vacuous"
 
-    def pvalue(a: list[list[int]], b: list[list[int]], pos: int) -> float:
-        ca = Counter(s[pos] if len(s) > pos else -1 for s in a)
-        cb = Counter(s[pos] if len(s) > pos else -1 for s in b)
-        keys = sorted(set(ca) | set(cb), key=lambda t: -(ca[t] + cb[t]))
-        big = [t for t in keys if ca[t] + cb[t] >= 10]
-        table = np.array([[ca[t] for t in big] + [sum(ca[t] for t in keys if t not in big)],
-                          [cb[t] for t in big] + [sum(cb[t] for t in keys if t not in big)]])
-        table = table[:, table.sum(0) > 0]
-        if table.shape[1] < 2:
-            return 1.0
-        return float(stats.chi2_contingency(table)[1])
-
     alpha = 0.01 / 3
-    same = [pvalue(samples["none@1.0"], samples["lookahead:k=4@1.0"], pos) for pos in (1, 2, 3)]
-    control = [pvalue(samples["none@1.0"], samples["none@1.3"], pos) for pos in (1, 2, 3)]
+    same = [token_position_pvalue(samples["none@1.0"], samples["lookahead:k=4@1.0"], pos) for pos in (1, 2, 3)]
+    control = [token_position_pvalue(samples["none@1.0"], samples["none@1.3"], pos) for pos in (1, 2, 3)]
     assert min(same) > alpha, f"lookahead changed the sampling distribution: p={same}"
     assert min(control) < alpha, f"the test could not tell T=1.0 from T=1.3 (no power): p={control}"
