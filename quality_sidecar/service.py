@@ -24,6 +24,7 @@ from typing import Any
 
 from .classifiers import classify_batch, default_classifiers
 from .classifiers.format import FormatClassifier
+from .conformance import ConformanceConfig, ConformanceMonitor
 from .detectors.embedders import make_embedder
 from .features import Features, extract
 from .monitor import Alarm, ArmComparison, MonitorConfig, PairTable, StreamMonitor
@@ -43,6 +44,10 @@ ALARM_HELP = {
     "acceptance_down": ("draft acceptance fell (speed, not correctness)", "check lookahead params and traffic mix"),
     "exact_match": ("greedy outputs differ from the baseline beyond the A/A rate",
                     "lossless decoding is broken: roll the candidate back, replay the example prompts"),
+    "sampling_conformance": ("T>0 outputs are not distributed as the sampler specifies, judged by the "
+                             "baseline model's own likelihood (PIT)",
+                             "speculative sampling is not lossless: roll the candidate back; on the "
+                             "baseline arm it means the scorer and the serving engine differ (model, dtype)"),
 }
 
 
@@ -68,17 +73,21 @@ class ServiceConfig:
     max_samples: int | None = None
     progress: bool = True
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    conformance: ConformanceConfig = field(default_factory=ConformanceConfig)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ServiceConfig:
         d = dict(d)
         mon = d.pop("monitor", {}) or {}
+        conf = d.pop("conformance", {}) or {}
         known = {f.name for f in fields(cls)}
         bad = set(d) - known
         mknown = {f.name for f in fields(MonitorConfig)}
-        if bad or set(mon) - mknown:
-            raise ValueError(f"unknown config keys: {sorted(bad | (set(mon) - mknown))}")
-        return cls(**d, monitor=MonitorConfig(**mon))
+        cknown = {f.name for f in fields(ConformanceConfig)}
+        if bad or set(mon) - mknown or set(conf) - cknown:
+            raise ValueError(f"unknown config keys: "
+                             f"{sorted(bad | (set(mon) - mknown) | {'conformance.' + k for k in set(conf) - cknown})}")
+        return cls(**d, monitor=MonitorConfig(**mon), conformance=ConformanceConfig(**conf))
 
 
 class Pipeline:
@@ -96,6 +105,7 @@ class Pipeline:
         self.streams: dict[tuple[str, str], StreamMonitor] = {}
         self.compare: dict[str, ArmComparison] = {}
         self.pairs: dict[str, PairTable] = {}
+        self.conformance: dict[str, ConformanceMonitor] = {}
         self.seen: OrderedDict[str, None] = OrderedDict()
         self.counts = {"samples": 0, "duplicates": 0, "dlq": 0}
         self.dlq_reasons: dict[str, int] = {}
@@ -196,6 +206,19 @@ class Pipeline:
             pt = self.pairs.setdefault(sample["model"], PairTable(sample["model"], self.cfg.monitor))
             self._emit(pt.add_pair(cand, base, sample.get("trace_id"), sample["request_id"]))
 
+    def add_conformance(self, sample: dict[str, Any], score: Any) -> None:
+        """Callback of the conformance scorer: one T>0 sample scored under the baseline model."""
+        model, arm = sample["model"], sample["deployment"]["arm"]
+        with self._lock:
+            mon = self.conformance.setdefault(model, ConformanceMonitor(
+                model, self.cfg.conformance, restart_after_alarm=self.cfg.monitor.restart_after_alarm))
+            r = mon.add(arm, score, sample.get("trace_id"), sample["request_id"])
+            self.metrics.conformance_scored.labels(model, arm).inc()
+            if r.alarm_new:
+                ex = mon.examples.get(arm, [])
+                self._emit([Alarm("sampling_conformance", model, arm, r, [t for t, _ in ex if t],
+                                  [q for _, q in ex])])
+
     def _stream(self, model: str, arm: str) -> StreamMonitor:
         mon = self.streams.get((model, arm))
         if mon is None:
@@ -238,6 +261,16 @@ class Pipeline:
                     m.statistic.labels(r.detector, model, "candidate").set(r.statistic)
                     m.pvalue.labels(r.detector, model, "candidate").set(r.pvalue if r.pvalue is not None else 1.0)
                     m.alarm.labels(r.detector, model, "candidate").set(1 if r.alarm else 0)
+            for model, cm in self.conformance.items():
+                for arm, chart in cm.charts.items():
+                    m.statistic.labels("sampling_conformance", model, arm).set(max(chart.s_up_, chart.s_down_))
+                    m.alarm.labels("sampling_conformance", model, arm).set(1 if chart.alarm_ else 0)
+                    mean, _, n = cm.mean_logprob(arm)
+                    if n:
+                        m.conformance_logprob.labels(model, arm).set(mean)
+                d, _, _ = cm.shift()
+                if not math.isnan(d):
+                    m.conformance_shift.labels(model).set(d)
             for model, pt in self.pairs.items():
                 if pt.detector.pairs_:
                     m.exact.labels(model).set(pt.detector.exact_match_rate)
@@ -250,6 +283,7 @@ class Pipeline:
         with self._lock:
             return {"counts": dict(self.counts), "dlq_reasons": dict(self.dlq_reasons), "seen": list(self.seen),
                     "streams": {f"{m}\x1f{a}": s.get_state() for (m, a), s in self.streams.items()},
+                    "conformance": {m: c.get_state() for m, c in self.conformance.items()},
                     "alarms": self.alarm_log[-100:]}
 
     def set_state(self, st: dict[str, Any]) -> None:
@@ -259,6 +293,10 @@ class Pipeline:
             self.metrics.dlq.labels(r).inc(n)
         self.seen = OrderedDict.fromkeys(st["seen"])
         self.alarm_log = st.get("alarms", [])
+        for model, cs in (st.get("conformance") or {}).items():
+            mon = self.conformance[model] = ConformanceMonitor(
+                model, self.cfg.conformance, restart_after_alarm=self.cfg.monitor.restart_after_alarm)
+            mon.set_state(cs)
         for key, ss in st["streams"].items():
             model, arm = key.split("\x1f")
             mon = self.streams[(model, arm)] = StreamMonitor(model, arm, self.cfg.monitor)
@@ -302,6 +340,19 @@ class Service:
         if cfg.source.startswith("file://") and self.offsets:
             self.source.seek_line(max(self.offsets.values()))
         self.replay = None
+        self.scorer = None
+        self._scorer_reported: dict[str, int] = {}
+        self.metrics.conformance_monitored.set(1 if cfg.baseline_url and cfg.conformance.fraction > 0 else 0)
+        if cfg.baseline_url and cfg.conformance.fraction > 0:
+            from .conformance import LogprobClient, ScoringWorker
+
+            cc = cfg.conformance
+            self.scorer = ScoringWorker(LogprobClient(cfg.baseline_url, top_logprobs=cc.top_logprobs,
+                                                      timeout_s=cc.timeout_s, api=cc.api),
+                                        self.pipeline.add_conformance, cc)
+        elif not cfg.baseline_url:
+            log.warning("no --baseline-url: T>0 sampling conformance is NOT monitored "
+                        "(quality_sidecar_conformance_monitored 0)")
         if cfg.baseline_url:
             from .detectors.replay import BaselineReplayClient, ReplayWorker
 
@@ -335,6 +386,8 @@ class Service:
                 if self.replay is not None and sample["deployment"]["arm"] == "candidate" and \
                         (sample.get("sampling") or {}).get("temperature") == 0:
                     self.replay.submit(sample)
+                if self.scorer is not None:
+                    self.scorer.submit(sample)
             self.uncommitted[tp] = rec.offset + 1
         self.pipeline.process(valid)
         if self.http is not None:
@@ -344,6 +397,13 @@ class Service:
     def checkpoint(self) -> None:
         """Flush outputs, persist state, then commit: the order that makes crashes harmless."""
         self.pipeline.refresh_gauges()
+        if self.scorer is not None:  # counters follow the worker's own counts (it never touches metrics)
+            for reason, n in self.scorer.counts.items():
+                if reason.startswith("skipped") or reason == "failed":
+                    done = self._scorer_reported.get(reason, 0)
+                    if n > done:
+                        self.metrics.conformance_skipped.labels(reason).inc(n - done)
+                        self._scorer_reported[reason] = n
         for (t, p), lag in self.source.lag().items():
             self.metrics.lag.labels(t, str(p)).set(lag)
         if not self.uncommitted:
@@ -382,6 +442,8 @@ class Service:
                     self.checkpoint()
                     last = time.monotonic()
                 if getattr(self.source, "eof", False):
+                    if self.scorer is not None:  # a file is scored completely before the final checkpoint
+                        self.scorer.drain()
                     break
                 if self.cfg.max_samples and self.pipeline.counts["samples"] >= self.cfg.max_samples:
                     break
@@ -402,6 +464,8 @@ class Service:
     def close(self) -> None:
         if self.replay is not None:
             self.replay.close()
+        if self.scorer is not None:
+            self.scorer.close()
         if self.dlq is not None:
             self.dlq.close()
         self.alerts.close()

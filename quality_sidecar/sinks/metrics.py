@@ -39,6 +39,22 @@ class Metrics:
         self.exact = Gauge("quality_sidecar_exact_match_rate", "T=0 paired exact-match rate", ["model"], registry=r)
         self.acceptance = Gauge("quality_sidecar_acceptance_rate", "Mean draft acceptance over the last window",
                                 ["model", "arm"], registry=r)
+        # T>0 sampling conformance (quality_sidecar/conformance.py): scored under the baseline server
+        self.conformance_monitored = Gauge(
+            "quality_sidecar_conformance_monitored",
+            "1 when T>0 outputs are scored under a baseline server (--baseline-url), 0 when T>0 conformance "
+            "is NOT monitored", registry=r)
+        self.conformance_scored = Counter("quality_sidecar_conformance_scored_samples",
+                                          "T>0 samples scored under the baseline model", ["model", "arm"], registry=r)
+        self.conformance_skipped = Counter("quality_sidecar_conformance_skipped_samples",
+                                           "T>0 samples not scored (queue full, no token ids, scorer error)",
+                                           ["reason"], registry=r)
+        self.conformance_logprob = Gauge("quality_sidecar_conformance_mean_token_logprob_nats",
+                                         "Mean token log-prob of scored T>0 outputs under the baseline model",
+                                         ["model", "arm"], registry=r)
+        self.conformance_shift = Gauge("quality_sidecar_conformance_logprob_shift_nats_per_token",
+                                       "Candidate - baseline mean token log-prob under the baseline model",
+                                       ["model"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
