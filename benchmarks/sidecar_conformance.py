@@ -11,8 +11,9 @@ baseline vLLM server answers (``prompt_logprobs=K``, K = 20 by default = vLLM's 
      PIT statistics (Anderson-Darling p of all tokens, mean per-sample z), tokens skipped by top-K
      coarsening;
   4. the sidecar's chart (``PitCusum`` with the sidecar's default ERT and shift) on streams resampled
-     from the real per-sample z values: samples to the first alarm (median, p90 over bootstrap
-     orders) for every faulty stream, and false alarms per 1M samples for every exact stream.
+     from the real scored samples: samples to the first alarm (median, p90 over bootstrap orders) for
+     every faulty stream; for every exact stream the alarms on the recorded stream and false alarms
+     per 1M samples from the measured per-token drift (see ``false_alarms``).
 
     python benchmarks/sidecar_conformance.py --json benchmarks/results/sidecar_conformance.json
 
@@ -119,43 +120,49 @@ def conformance(rows: list[dict], temperature: float, top_p: float, vocab: int, 
             continue
         s = score_topk(np.array(r["top_ids"]), np.array(r["top_lp"], float), r["output_ids"], r["tok_lp"],
                        params, rng, vocab_size=vocab)
-        per.append({"prompt_index": r["prompt_index"], "mean_lp": s.mean_logprob, "z": s.pit_z,
+        per.append({"prompt_index": r["prompt_index"], "mean_lp": s.mean_logprob,
                     "pit": s.pit, "n": s.n_tokens, "skipped": s.skipped, "oos": s.out_of_support,
                     "finish": r["finish_reason"]})
     return {"samples": per}
 
 
-def bootstrap_delay(z: np.ndarray, chart_kw: dict, n_streams: int, limit: int, seed: int) -> dict[str, Any]:
+def bootstrap_delay(pits: list[np.ndarray], chart_kw: dict, n_streams: int, limit: int, seed: int) -> dict[str, Any]:
+    """Samples to the first alarm of a fresh chart on streams drawn (with replacement) from the real
+    scored samples of a faulty decoder."""
     from quality_sidecar.detectors.conformance import PitCusum
 
     rng = np.random.default_rng(seed)
     delays = []
     for _ in range(n_streams):
         c = PitCusum(**chart_kw)
-        stream = z[rng.integers(0, len(z), size=limit)]
-        c.update(stream)
+        c.update([pits[i] for i in rng.integers(0, len(pits), size=limit)])
         delays.append(c.alarm_index_ if c.alarm_index_ is not None else math.inf)
     d = np.array(delays, float)
     return {"median_samples_to_alarm": float(np.median(d)), "p90_samples_to_alarm": float(np.quantile(d, 0.9)),
-            "fraction_alarmed_within_500": float((d <= 500).mean()), "streams": n_streams, "horizon": limit}
+            "fraction_alarmed_within_500": float((d <= 500).mean()), "streams": n_streams, "horizon_samples": limit}
 
 
-def false_alarms(z: np.ndarray, chart_kw: dict) -> dict[str, Any]:
-    """False alarms per 1M samples of the chart on a stream distributed like the real ``z``.
+def false_alarms(pits: list[np.ndarray], chart_kw: dict) -> dict[str, Any]:
+    """False alarms per 1M samples of the chart on a token stream distributed like the real one.
 
-    A bootstrap stream of a finite real sample would carry that sample's mean error (+-sd/sqrt(n)) as
-    a permanent drift, so instead the chart's run length is computed for Gaussian increments with the
-    real stream's measured mean and sd (Siegmund's approximation, two-sided), at the point estimate
-    and at the 95% bound of |mean| that is worse for the chart.  Under exact sampling mean 0 / sd 1.
+    A bootstrap stream of a finite real sample would carry that sample's mean error as a permanent
+    drift, so instead the run length is computed for Gaussian increments with the real stream's
+    measured per-token mean and sd of x = (u - 1/2) sqrt(12) (Siegmund's approximation, two-sided),
+    at the point estimate and at the 95% bound of |mean| that is worse for the chart (a bound set by
+    how many real tokens there are, not by the decoder), then converted to samples with the stream's
+    mean tokens per sample.  Under exact sampling the mean is 0 and the sd 1.  The chart is also run
+    once over the real stream in its recorded order.
     """
     from quality_sidecar.detectors.conformance import PitCusum
 
     c = PitCusum(**chart_kw)
     k, h = c.k_, c.threshold_
-    mu, sd, n = float(z.mean()), float(z.std(ddof=1)), len(z)
+    x = (np.concatenate(pits) - 0.5) * math.sqrt(12)
+    mu, sd, n = float(x.mean()), float(x.std(ddof=1)), len(x)
+    per_sample = n / len(pits)
 
     def arl_two_sided(m: float) -> float:
-        def one(delta: float) -> float:  # increments N(delta, 1) after scaling by sd
+        def one(delta: float) -> float:  # ARL of increments N(delta, 1) after scaling by sd
             hp = h / sd + 1.166
             if abs(delta) < 1e-9:
                 return hp * hp
@@ -163,10 +170,13 @@ def false_alarms(z: np.ndarray, chart_kw: dict) -> dict[str, Any]:
         return 1.0 / (1.0 / one((m - k) / sd) + 1.0 / one((-m - k) / sd))
 
     bound = abs(mu) + 1.96 * sd / math.sqrt(n)
-    return {"z_mean": mu, "z_sd": sd, "n": n, "z_mean_abs_bound95": bound,
-            "per_1M_samples_at_mean": 1e6 / arl_two_sided(mu), "per_1M_samples_at_bound95": 1e6 / arl_two_sided(bound),
-            "per_1M_samples_exact_null": 1e6 / arl_two_sided(0.0) if sd else None,
-            "method": "Siegmund ARL for Gaussian increments with the stream's measured mean and sd"}
+    c.update(pits)
+    return {"tokens": n, "tokens_per_sample": per_sample, "x_mean_per_token": mu, "x_sd": sd,
+            "x_mean_abs_bound95": bound, "alarms_on_the_recorded_stream": c.alarms_,
+            "per_1M_samples_at_mean": 1e6 * per_sample / arl_two_sided(mu),
+            "per_1M_samples_at_bound95": 1e6 * per_sample / arl_two_sided(bound),
+            "per_1M_samples_exact_null": 1e6 * per_sample / arl_two_sided(0.0),
+            "method": "Siegmund ARL (tokens) for Gaussian increments with the stream's measured mean and sd"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default=";".join(DEFAULT_ARMS),
                     help="';'-separated name=SPEC[@dtype]")
     ap.add_argument("--reference-arm", default="none")
-    ap.add_argument("--ert", type=float, default=None, help="chart ERT (default: the sidecar's)")
+    ap.add_argument("--ert-tokens", type=float, default=None, help="chart ERT in tokens (default: the sidecar's)")
     ap.add_argument("--shift", type=float, default=None, help="chart shift (default: the sidecar's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=".bench-work/conformance")
@@ -196,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model or str(demo_model_dir())
     cc = ConformanceConfig()
-    chart_kw = {"ert": args.ert or cc.ert, "shift": args.shift or cc.shift}
+    chart_kw = {"ert_tokens": args.ert_tokens or cc.ert_tokens, "shift": args.shift or cc.shift}
     prompts = load_heldout_prompts(args.prompts, "open", seed=1)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     work = Path(args.work)
@@ -225,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, st in streams.items():
         per = st["samples"]
         lp = np.array([p["mean_lp"] for p in per])
-        z = np.array([p["z"] for p in per if np.isfinite(p["z"])])
+        pits = [p["pit"] for p in per if len(p["pit"])]
         u = np.concatenate([p["pit"] for p in per]) if per else np.zeros(0)
         pt = pit_test(u)
         entry: dict[str, Any] = {
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             "out_of_support_tokens": int(sum(p["oos"] for p in per)),
             "at_max_tokens_fraction": float(np.mean([p["finish"] == "length" for p in per])),
             "mean_token_logprob_nats": float(lp.mean()), "pit_mean_u": float(u.mean()) if len(u) else None,
-            "pit_anderson_darling_p": pt.pvalue, "pit_z_mean": float(z.mean()), "pit_z_sd": float(z.std()),
+            "pit_anderson_darling_p": pt.pvalue, "pit_test_detail": pt.detail,
         }
         if ref is not None and name != args.reference_arm:
             rlp = np.array([p["mean_lp"] for p in ref["samples"]])
@@ -246,16 +256,24 @@ def main(argv: list[str] | None = None) -> int:
         exact = not st["spec"].startswith("custom:")
         entry["exact_decoder"] = exact
         if exact:
-            entry["false_alarms"] = false_alarms(z, chart_kw)
+            entry["false_alarms"] = false_alarms(pits, chart_kw)
         else:
-            entry["detection"] = bootstrap_delay(z, chart_kw, 200, 5000, args.seed)
+            entry["detection"] = bootstrap_delay(pits, chart_kw, 200, 3000, args.seed)
         out_arms.append(entry)
         print(json.dumps({k: v for k, v in entry.items() if k not in ("spec",)}), file=sys.stderr)
+    # Pooled exact streams per dtype: the tightest bound on a per-token drift this run can give.
+    pooled = {}
+    for dtype in sorted({st["dtype"] for st in streams.values()}):
+        pits = [p["pit"] for name, st in streams.items() if st["dtype"] == dtype
+                and not st["spec"].startswith("custom:") for p in st["samples"] if len(p["pit"])]
+        if pits:
+            pooled[dtype] = false_alarms(pits, chart_kw)
     result = {"benchmark": "sidecar_conformance", "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
               "model": model, "prompts": args.prompts, "samples_per_prompt": args.samples_per_prompt,
               "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
               "top_logprobs": args.top_logprobs, "chart": chart_kw, "reference_arm": args.reference_arm,
-              "wall_s": time.time() - t_start, "arms": out_arms}
+              "wall_s": time.time() - t_start, "arms": out_arms,
+              "exact_pooled_by_dtype": pooled}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}", file=sys.stderr)

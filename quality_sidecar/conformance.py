@@ -4,8 +4,8 @@ For a fraction (``ConformanceConfig.fraction``) of the T>0 samples of each arm, 
 asks the baseline server (``--baseline-url``, any OpenAI-compatible server that returns prompt
 log-probs: vLLM's ``prompt_logprobs`` extension, or ``echo`` + ``logprobs``) for the top-K log-probs
 of prompt + output, turns them into PIT values and token log-probs
-(``detectors.conformance.score_topk``) and feeds the per-sample PIT z to a two-sided CUSUM per
-(model, arm) (``PitCusum``): reference-free, because the null is known exactly.  The candidate arm's
+(``detectors.conformance.score_topk``) and feeds the PIT values to a two-sided CUSUM over the token
+stream per (model, arm) (``PitCusum``): reference-free, because the null is known exactly.  The candidate arm's
 chart is the alarm; the baseline arm's chart is the control (an alarm there means the scorer and the
 serving engine disagree: another model revision, dtype or sampler).  The mean token log-prob of each
 arm and their difference (nats/token, Welch CI) are exported as gauges.
@@ -42,8 +42,11 @@ class ConformanceConfig:
 
     fraction: float = 0.2  # share of each arm's T>0 samples scored by the baseline server
     top_logprobs: int = 20  # K; vLLM's default --max-logprobs is 20
-    ert: float = 3_000_000.0  # scored samples between false alarms, per (model, arm) chart
-    shift: float = 0.25  # PIT z shift the chart detects fastest (reference value = shift / 2)
+    # Tokens between false alarms per (model, arm) chart: 1e9 = 1M samples of 1,000 tokens, 24M samples
+    # of the demo model's ~41-token outputs.  The chart counts tokens because the token stream's PIT
+    # values are i.i.d. U(0,1) whatever the output lengths (see PitCusum).
+    ert_tokens: float = 1e9
+    shift: float = 0.04  # per-token shift of E[(u - 1/2) sqrt(12)] to detect fastest (= mean u +- 0.0115)
     max_queue: int = 256
     timeout_s: float = 30.0
     api: str = "auto"  # prompt_logprobs | echo | auto (prompt_logprobs, falling back to echo)
@@ -55,8 +58,8 @@ class ConformanceConfig:
             raise ValueError(f"conformance.top_logprobs must be in [1, 1000], got {self.top_logprobs}")
         if self.api not in ("auto", "prompt_logprobs", "echo"):
             raise ValueError(f"conformance.api must be auto, prompt_logprobs or echo, got {self.api!r}")
-        if self.ert <= 1 or self.shift <= 0:
-            raise ValueError("conformance.ert must be > 1 and conformance.shift > 0")
+        if self.ert_tokens <= 1 or self.shift <= 0:
+            raise ValueError("conformance.ert_tokens must be > 1 and conformance.shift > 0")
 
 
 class LogprobClient:
@@ -214,7 +217,7 @@ class ConformanceMonitor:
     def _chart(self, arm: str) -> PitCusum:
         c = self.charts.get(arm)
         if c is None:
-            c = self.charts[arm] = PitCusum("sampling_conformance", self.cfg.ert, self.cfg.shift,
+            c = self.charts[arm] = PitCusum("sampling_conformance", self.cfg.ert_tokens, self.cfg.shift,
                                             self.restart_after_alarm)
             self.stats[arm] = {"samples": 0, "tokens": 0, "pit_tokens": 0, "skipped": 0, "out_of_support": 0,
                                "lp_sum": 0.0, "lp_sumsq": 0.0}
@@ -236,7 +239,7 @@ class ConformanceMonitor:
         ex = self.examples.setdefault(arm, [])
         ex.append((trace_id, request_id))
         del ex[:-5]
-        r = chart.update([score.pit_z])
+        r = chart.update([score.pit])
         r.extra.update(self.summary(arm))
         return r
 

@@ -115,31 +115,48 @@ def test_anderson_darling_pvalues_hold_at_small_alpha() -> None:
         assert lo <= (ps < alpha).mean() <= hi, (alpha, (ps < alpha).mean())
 
 
-def test_pit_cusum_keeps_its_ert_for_any_token_count() -> None:
-    """Sums of m uniforms are lighter-tailed than N(0,1): the Gaussian calibration holds (m=1, 48)."""
+def test_pit_cusum_keeps_its_ert_in_tokens_whatever_the_lengths() -> None:
+    """Uniform PIT values are lighter-tailed than N(0,1) and sample boundaries only delay crossings:
+    the Gaussian (Siegmund) calibration holds for 1-token and 48-token samples alike."""
     rng = np.random.default_rng(8)
     for m in (1, 48):
-        c = PitCusum(ert=2000, shift=0.5, restart_after_alarm=True)
-        n = 1_000_000
-        z = (rng.random((n, m)).sum(axis=1) - m / 2) * math.sqrt(12 / m)
-        c.update(z)
-        measured = n / max(1, c.alarms_)
-        assert measured > 2000 * 0.85, (m, measured)
-    assert siegmund_arl(0.125, PitCusum(ert=3e6, shift=0.25).threshold_) == pytest.approx(6e6, rel=1e-6)
+        c = PitCusum(ert_tokens=2_000, shift=0.5, restart_after_alarm=True)
+        n_tokens = 480_000
+        u = rng.random(n_tokens)
+        c.update(list(u.reshape(-1, m)))
+        measured = n_tokens / max(1, c.alarms_)
+        assert measured > 2_000 * 0.85, (m, measured)
+    assert siegmund_arl(0.02, PitCusum(ert_tokens=1e9, shift=0.04).threshold_) == pytest.approx(2e9, rel=1e-6)
+
+
+def test_pit_cusum_is_unbiased_when_lengths_depend_on_the_tokens() -> None:
+    """A sample stops early when it draws a likely token (like EOS): per-sample length-normalised z
+    would drift; the token-level chart must not."""
+    rng = np.random.default_rng(11)
+    samples = []
+    for u in rng.random((60_000, 48)):
+        stop = np.flatnonzero(u < 0.05)
+        samples.append(u[: stop[0] + 1] if len(stop) else u)
+    c = PitCusum(ert_tokens=10_000, shift=0.2, restart_after_alarm=True)
+    c.update(samples)
+    tokens = sum(map(len, samples))
+    assert abs(c.mean_u - 0.5) < 4 * 0.2887 / math.sqrt(tokens)
+    assert tokens / max(1, c.alarms_) > 10_000 * 0.8
 
 
 def test_pit_cusum_alarms_fast_on_a_shift_and_latches_until_reset() -> None:
     rng = np.random.default_rng(9)
-    c = PitCusum(ert=3e6, shift=0.5)
-    r = c.update(rng.standard_normal(2000) - 0.5)
+    c = PitCusum(ert_tokens=1e9, shift=0.04)
+    sharper = [rng.random(40) ** 1.1 for _ in range(2000)]  # mean u 0.476: a sampler too sharp
+    r = c.update(sharper)
     assert r.alarm and r.alarm_index is not None and r.alarm_index < 300
     assert "sharper" in r.extra["direction"]
-    assert c.update(rng.standard_normal(100)).alarm  # latched
-    c2 = PitCusum(ert=3e6, shift=0.5)
+    assert c.update([rng.random(40) for _ in range(100)]).alarm  # latched
+    c2 = PitCusum(ert_tokens=1e9, shift=0.04)
     c2.set_state(c.get_state())
-    assert c2.alarm_ and c2.n_ == c.n_
+    assert c2.alarm_ and c2.n_ == c.n_ and c2.tokens_ == c.tokens_
     c.reset()
-    assert not c.update(rng.standard_normal(100)).alarm
+    assert not c.update([rng.random(40) for _ in range(100)]).alarm
 
 
 def test_likelihood_shift_is_calibrated_and_detects_small_shifts() -> None:
