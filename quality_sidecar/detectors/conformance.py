@@ -52,6 +52,10 @@ import numpy as np
 from .twosample import TestResult
 
 NEG_INF = -np.inf
+# Sampling options that change the distribution in ways prompt log-probs cannot replay: such samples
+# are not scored (``SamplerParams.from_sampling`` returns None).
+MODIFIERS = ("frequency_penalty", "presence_penalty", "logit_bias", "logits_modified", "allowed_token_ids",
+             "bad_words")
 
 
 @dataclass(frozen=True)
@@ -76,11 +80,15 @@ class SamplerParams:
 
     @classmethod
     def from_sampling(cls, sampling: Mapping[str, Any] | None) -> SamplerParams | None:
-        """From a schema-v1 ``sampling`` object; None for greedy (or unknown temperature)."""
+        """From a schema-v1 ``sampling`` object; None for greedy, unknown temperature, penalties, logit
+        modifiers or structured output (their distribution cannot be rebuilt from prompt log-probs)."""
         s = sampling or {}
         t = s.get("temperature")
         if t is None or t <= 0:
             return None
+        if any(s.get(k) for k in MODIFIERS) or s.get("repetition_penalty") not in (None, 1, 1.0) \
+                or s.get("response_format"):
+            return None  # the distribution was changed by something prompt log-probs cannot replay
         return cls(float(t), int(s.get("top_k") or 0), float(s.get("top_p") or 1.0), float(s.get("min_p") or 0.0))
 
     @property

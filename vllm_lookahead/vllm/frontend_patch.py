@@ -122,6 +122,14 @@ def sampling_dict(sp: Any) -> dict[str, Any]:
         out["frequency_penalty"] = sp.frequency_penalty
     if sp.presence_penalty:
         out["presence_penalty"] = sp.presence_penalty
+    # The sidecar's T>0 conformance test rebuilds the sampler's distribution from these: min-p and
+    # any logit modifier must be recorded (a modified distribution is then skipped, not misjudged).
+    if getattr(sp, "min_p", 0.0):
+        out["min_p"] = sp.min_p
+    if getattr(sp, "repetition_penalty", 1.0) not in (None, 1.0):
+        out["repetition_penalty"] = sp.repetition_penalty
+    if any(getattr(sp, k, None) for k in ("logit_bias", "allowed_token_ids", "bad_words", "logits_processors")):
+        out["logits_modified"] = True
     so = getattr(sp, "structured_outputs", None)
     if so is not None:
         fmt = {k: v for k, v in vars(so).items() if v not in (None, False) and not k.startswith("_")} \
