@@ -4,6 +4,7 @@
         --alerts kafka://HOST:PORT/TOPIC --http-port 9400 --config sidecar.yaml
     quality-sidecar run --source file://samples.jsonl --dlq file://dlq.jsonl
     quality-sidecar score --input samples.jsonl --json report.json
+    quality-sidecar alarms list|ack DETECTOR|clear|rebaseline --url http://HOST:9400 [--model M --arm A]
 
 Every ``run`` flag also reads ``QUALITY_SIDECAR_<FLAG>`` (``--http-port`` -> QUALITY_SIDECAR_HTTP_PORT);
 the command line wins over the environment, which wins over ``--config``.
@@ -56,7 +57,57 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--text-embedder", default=None,
                        help="text vectors for the MMD test: hashed (default) | minilm (extra 'embeddings') | "
                             "pkg.module:Class (overrides monitor.text_embedder of --config)")
+    al = sub.add_parser("alarms", help="list, acknowledge or clear the alarms of a running sidecar; re-baseline it")
+    al.add_argument("action", choices=["list", "ack", "clear", "rebaseline"],
+                    help="list: latched alarms; ack DETECTOR: acknowledge (restart) one detector; clear: "
+                         "acknowledge all; rebaseline: the next samples become the new reference")
+    al.add_argument("detector", nargs="?", default=None, help="detector name for 'ack' (e.g. refusal, exact_match)")
+    al.add_argument("--url", default=None, help="sidecar HTTP base URL [env QUALITY_SIDECAR_URL, default "
+                                                "http://127.0.0.1:9400]")
+    al.add_argument("--model", default=None, help="only this model")
+    al.add_argument("--arm", default=None, help="only this arm (baseline | candidate)")
+    al.add_argument("--by", default=os.environ.get("USER"), help="who acknowledges (recorded in the event)")
     return p
+
+
+def cmd_alarms(args: argparse.Namespace) -> int:
+    """Talk to the HTTP control endpoints of a running sidecar (so no state file is edited by hand)."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    base = (args.url or os.environ.get("QUALITY_SIDECAR_URL") or "http://127.0.0.1:9400").rstrip("/")
+    if args.action == "ack" and not args.detector:
+        print("error: 'alarms ack' needs a DETECTOR (see 'alarms list'); 'alarms clear' acknowledges all",
+              file=sys.stderr)
+        return 2
+    query = urllib.parse.urlencode({k: v for k, v in (("model", args.model), ("arm", args.arm), ("by", args.by))
+                                    if v})
+    path = {"list": "/alarms", "ack": f"/alarms/{urllib.parse.quote(args.detector or '', safe='')}/ack",
+            "clear": "/alarms/clear", "rebaseline": "/rebaseline"}[args.action]
+    req = urllib.request.Request(base + path + (f"?{query}" if query and args.action != "list" else ""),
+                                 method="GET" if args.action == "list" else "POST", data=None)
+    token = os.environ.get("QUALITY_SIDECAR_CONTROL_TOKEN")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        print(f"error: {e.code} {e.read().decode(errors='replace').strip()}", file=sys.stderr)
+        return 1
+    except urllib.error.URLError as e:
+        print(f"error: cannot reach the sidecar at {base}: {e.reason}", file=sys.stderr)
+        return 2
+    if args.action == "list":
+        alarms = [a for a in body["alarms"] if args.model in (None, a["model"]) and args.arm in (None, a["arm"])]
+        for a in alarms:
+            print(f"{a['detector']}\t{a['model']}\t{a['arm']}\tstatistic={a['statistic']:.4g}\t"
+                  f"threshold={a['threshold']:.4g}")
+        print(f"{len(alarms)} active alarm(s)", file=sys.stderr)
+    else:
+        print(json.dumps(body, indent=2))
+    return 0
 
 
 def load_config(path: str | None) -> dict[str, Any]:
@@ -115,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return cmd_run(args) if args.cmd == "run" else cmd_score(args)
+        return {"run": cmd_run, "score": cmd_score, "alarms": cmd_alarms}[args.cmd](args)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,11 @@ windowed two-sample family (Holm inside it).  Each chart therefore runs at ERT =
 Reference: the first ``reference_size`` samples of each stream are its frozen reference window
 (or a reference loaded from a file), after which the charts are calibrated and start.  The
 baseline-vs-candidate tests need no reference: they compare the two arms' latest windows.
+``rebaseline()`` drops a reference so the next ``reference_size`` samples become the new one.
+
+State: ``StreamMonitor``, ``ArmComparison`` and ``PairTable`` follow the ``StatefulDetector``
+protocol (quality_sidecar/detectors/base.py) like the charts they hold, so the service persists all
+of them.  Alarms latch until ``acknowledge(detector)``, which restarts that statistic.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +32,7 @@ from .detectors import (
     GaussianCUSUM,
     PairedExactMatch,
     Result,
+    StatefulDetector,
     finish_reason_test,
     holm,
     length_test,
@@ -48,8 +55,10 @@ class MonitorConfig:
     length_shift: float = 0.3
     acceptance_shift: float = 0.5
     aa_mismatch_rate: float = 0.002
+    aa_min_pairs: int = 200
     exact_match_delta: float = 0.015
     pair_cache: int = 50_000
+    pair_state_entries: int = 1000
     text_test: bool = True
     text_embedder: str = "hashed"
     restart_after_alarm: bool = False
@@ -75,8 +84,37 @@ def _flag_of(f: Features, name: str) -> bool:
     return f.truncated if name == "truncated" else f.flags.get(name, False)
 
 
-class StreamMonitor:
+def arm_comparison_tests(cfg: MonitorConfig) -> list[str]:
+    """Names of the tests in the baseline-vs-candidate Holm family (its size sets the per-test alpha)."""
+    return ["length", "finish_reason", *RATE_CHARTS, *(["text_mmd"] if cfg.text_test else [])]
+
+
+_FEATURE_STATE = ("request_id", "model", "arm", "trace_id", "greedy", "pair_key", "length", "finish_reason",
+                  "truncated", "acceptance", "text", "flags")
+
+
+def _features_to_state(f: Features) -> dict[str, Any]:
+    """What a two-sample window needs of a sample (no token ids, no vector: re-embedded on use)."""
+    d = {k: getattr(f, k) for k in _FEATURE_STATE}
+    if isinstance(d["acceptance"], float) and math.isnan(d["acceptance"]):
+        d["acceptance"] = None  # strict JSON has no NaN
+    return d
+
+
+def _features_from_state(d: dict[str, Any]) -> Features:
+    d = dict(d)
+    d["acceptance"] = math.nan if d["acceptance"] is None else float(d["acceptance"])
+    return Features(token_ids=None, **d)
+
+
+def _result_or_none(d: dict[str, Any] | None) -> Result | None:
+    return None if d is None else Result.from_dict(d)
+
+
+class StreamMonitor(StatefulDetector):
     """CUSUM charts for one (model, arm) stream, fitted on its frozen reference window."""
+
+    STATE = ("ref", "samples", "flag_counts", "recent_flags", "recent_acc", "examples", "charts", "last")
 
     def __init__(self, model: str, arm: str, cfg: MonitorConfig):
         self.model, self.arm, self.cfg = model, arm, cfg
@@ -93,22 +131,83 @@ class StreamMonitor:
     def fitted(self) -> bool:
         return bool(self.charts)
 
-    def fit(self) -> None:
+    def _new_chart(self, name: str) -> BernoulliCUSUM | GaussianCUSUM:
+        """An unfitted chart with this config: ``fit`` fits it, ``set_state`` restores it."""
         cfg, ert = self.cfg, self.cfg.ert_each
-        charts: dict[str, object] = {}
+        if name in RATE_CHARTS:
+            return BernoulliCUSUM(name, ert, delta=cfg.rate_delta, restart_after_alarm=cfg.restart_after_alarm)
+        if name in ("length_up", "length_down"):
+            return GaussianCUSUM(name, ert, name.split("_")[1], cfg.length_shift,
+                                 restart_after_alarm=cfg.restart_after_alarm)
+        if name == "acceptance_down":
+            return GaussianCUSUM(name, ert, "down", cfg.acceptance_shift, restart_after_alarm=cfg.restart_after_alarm)
+        raise ValueError(f"unknown chart {name!r}")
+
+    def fit(self) -> None:
+        charts: dict[str, Any] = {}
         for k in RATE_CHARTS:
-            charts[k] = BernoulliCUSUM(k, ert, delta=cfg.rate_delta,
-                                       restart_after_alarm=cfg.restart_after_alarm).fit(self.ref[k])
+            charts[k] = self._new_chart(k).fit(self.ref[k])
         loglen = np.asarray(self.ref["loglen"])
         for d in ("up", "down"):
-            charts[f"length_{d}"] = GaussianCUSUM(f"length_{d}", ert, d, cfg.length_shift,
-                                                  restart_after_alarm=cfg.restart_after_alarm).fit(loglen)
-        acc = np.asarray(self.ref["acceptance"], float)
+            charts[f"length_{d}"] = self._new_chart(f"length_{d}").fit(loglen)
+        acc = np.asarray([np.nan if a is None else a for a in self.ref["acceptance"]], float)
         acc = acc[np.isfinite(acc)]
         if len(acc) >= 50 and acc.std() > 0:
-            charts["acceptance_down"] = GaussianCUSUM("acceptance_down", ert, "down", cfg.acceptance_shift,
-                                                      restart_after_alarm=cfg.restart_after_alarm).fit(acc)
+            charts["acceptance_down"] = self._new_chart("acceptance_down").fit(acc)
         self.charts = charts
+
+    def rebaseline(self) -> None:
+        """Drop the reference and the charts: the next ``reference_size`` samples are the new reference."""
+        self.ref = {k: [] for k in (*RATE_CHARTS, "loglen", "acceptance")}
+        self.charts, self.last = {}, {}
+
+    def active_alarms(self) -> list[dict[str, Any]]:
+        return [{"detector": k, "model": self.model, "arm": self.arm, "statistic": c.s_, "threshold": c.threshold_,
+                 "alarm_index": c.alarm_index_, "samples_since_fit": c.n_} for k, c in self.charts.items() if c.alarm_]
+
+    def acknowledge(self, detector: str | None = None) -> list[str]:
+        """Acknowledge latched alarms (one chart or all): restart them so they can fire again."""
+        done = []
+        for k, c in self.charts.items():
+            if c.alarm_ and detector in (None, k):
+                c.acknowledge()
+                if k in self.last:
+                    self.last[k].alarm = False
+                done.append(k)
+        return done
+
+    def _encode_state(self, name: str, value: Any) -> Any:
+        if name == "ref":  # strict JSON: NaN acceptance (no speculation) -> null
+            return {k: [None if isinstance(x, float) and math.isnan(x) else x for x in v] for k, v in value.items()}
+        return value
+
+    def _decode_state(self, name: str, value: Any) -> Any:
+        if name == "recent_flags":
+            return {k: deque(v, maxlen=self.cfg.window) for k, v in value.items()}
+        if name == "recent_acc":
+            return deque(value, maxlen=self.cfg.window)
+        if name == "examples":
+            return {k: deque((tuple(x) for x in v), maxlen=5) for k, v in value.items()}
+        if name == "charts":
+            charts = {}
+            for k, cs in value.items():
+                charts[k] = self._new_chart(k)
+                charts[k].set_state(cs)
+            return charts
+        if name == "last":
+            return {k: Result.from_dict(v) for k, v in value.items()}
+        return value
+
+    def set_state(self, st: dict[str, Any]) -> None:
+        if "version" not in st:  # state file written before the protocol: re-fit from the reference
+            self.ref, self.samples, self.flag_counts = st["ref"], st["samples"], st["flag_counts"]
+            if st["charts"]:
+                self.fit()
+                for k, cs in st["charts"].items():
+                    if k in self.charts:
+                        self.charts[k].set_state(cs)
+            return
+        super().set_state(st)
 
     def add_reference(self, feats: list[Features]) -> list[Features]:
         """Feed reference samples; returns those left over once the reference is full."""
@@ -161,27 +260,21 @@ class StreamMonitor:
     def acceptance_rate(self) -> float:
         return float(np.mean(self.recent_acc)) if self.recent_acc else math.nan
 
-    def get_state(self) -> dict:
-        return {"ref": self.ref, "samples": self.samples, "flag_counts": self.flag_counts,
-                "charts": {k: c.get_state() for k, c in self.charts.items()}}
-
-    def set_state(self, st: dict) -> None:
-        self.ref, self.samples, self.flag_counts = st["ref"], st["samples"], st["flag_counts"]
-        if st["charts"]:
-            self.fit()
-            for k, cs in st["charts"].items():
-                if k in self.charts:
-                    self.charts[k].set_state(cs)
 
 
-class ArmComparison:
+class ArmComparison(StatefulDetector):
     """Baseline vs candidate windows of one model, tested every ``window`` candidate samples.
 
-    Tests: length (CvM), finish reason (chi-square), each behavioural rate (Fisher), text (linear
+    Tests: length (tie-corrected Mann-Whitney: valid with the heavy ties and the max_tokens cap of
+    real lengths, see ``length_test``), finish reason (Fisher exact, or chi-square with sparse
+    categories merged), each behavioural rate (Fisher), text (linear
     MMD on ``cfg.text_embedder`` vectors: hashed n-grams by default, MiniLM as an option; each
     sample is embedded once, when it first enters a test).  Holm across them; alarm when the
-    smallest adjusted p-value is below alpha = window / ert_each.
+    smallest adjusted p-value is below alpha = window / ert_each.  A test's alarm latches until
+    ``acknowledge``; the windows and latches are its state.
     """
+
+    STATE = ("win", "pending", "last")
 
     def __init__(self, model: str, cfg: MonitorConfig):
         self.model, self.cfg = model, cfg
@@ -208,7 +301,7 @@ class ArmComparison:
             return []
         self.pending = 0
         b, c = list(self.win["baseline"]), list(self.win["candidate"])
-        tests = [length_test([f.length for f in b], [f.length for f in c]),
+        tests = [length_test([f.length for f in b], [f.length for f in c], method="mannwhitney"),
                  finish_reason_test([f.finish_reason for f in b], [f.finish_reason for f in c])]
         tests += [rate_test([_flag_of(f, k) for f in b], [_flag_of(f, k) for f in c], name=k)
                   for k in RATE_CHARTS]
@@ -229,16 +322,62 @@ class ArmComparison:
                                     [f.trace_id for f in c[-5:] if f.trace_id], [f.request_id for f in c[-5:]]))
         return alarms
 
+    def active_alarms(self) -> list[dict[str, Any]]:
+        return [{"detector": r.detector, "model": self.model, "arm": "candidate", "statistic": r.statistic,
+                 "threshold": r.threshold, "pvalue": r.pvalue, "samples_since_fit": r.n}
+                for r in self.last.values() if r.alarm]
 
-class PairTable:
-    """Greedy outputs waiting for their counterpart in the other arm (bounded LRU by pair key)."""
+    def acknowledge(self, detector: str | None = None) -> list[str]:
+        done = []
+        for r in self.last.values():
+            if r.alarm and detector in (None, r.detector):
+                r.alarm = False
+                done.append(r.detector)
+        return done
+
+    def rebaseline(self) -> None:
+        """Start both windows afresh (e.g. after an intended change of the baseline)."""
+        for w in self.win.values():
+            w.clear()
+        self.pending, self.last = 0, {}
+
+    def _encode_state(self, name: str, value: Any) -> Any:
+        if name == "win":
+            return {a: [_features_to_state(f) for f in w] for a, w in value.items()}
+        return value
+
+    def _decode_state(self, name: str, value: Any) -> Any:
+        if name == "win":
+            return {a: deque((_features_from_state(d) for d in value.get(a, [])), maxlen=self.cfg.window)
+                    for a in ("baseline", "candidate")}
+        if name == "last":
+            return {k: Result.from_dict(v) for k, v in value.items()}
+        return value
+
+
+class PairTable(StatefulDetector):
+    """Greedy outputs waiting for their counterpart in the other arm (bounded LRU by pair key).
+
+    Baseline-vs-baseline pairs (the same prompt served twice by the baseline arm, or a baseline
+    sample replayed against ``--baseline-url``) are A/A pairs.  Once ``cfg.aa_min_pairs`` of them
+    exist, the exact-match chart's in-control rate is learned from them (``PairedExactMatch.learn_aa``)
+    instead of the configured ``aa_mismatch_rate``, and re-learned each time their number doubles.
+    ``rebaseline()`` forgets them and starts again from the configured rate.
+
+    State: the A/A counts, the chart, the mismatch examples and the newest
+    ``cfg.pair_state_entries`` outputs still waiting for a counterpart.  The full table, up to
+    ``pair_cache`` token-id lists, would make the state file megabytes per checkpoint.  An older
+    waiting output lost in a restart costs one pair, not a statistic.
+    """
+
+    STATE = ("table", "aa_pairs", "aa_mismatches", "aa_fitted_at", "mismatch_examples", "detector", "last")
 
     def __init__(self, model: str, cfg: MonitorConfig):
         self.model, self.cfg = model, cfg
         self.table: OrderedDict[str, tuple[str, list[int] | None, str | None, str]] = OrderedDict()
         self.detector = PairedExactMatch(cfg.ert_each, delta=cfg.exact_match_delta, aa_rate=cfg.aa_mismatch_rate,
                                          restart_after_alarm=cfg.restart_after_alarm).fit()
-        self.aa_pairs = self.aa_mismatches = 0
+        self.aa_pairs = self.aa_mismatches = self.aa_fitted_at = 0
         self.mismatch_examples: deque = deque(maxlen=5)
         self.last: Result | None = None
 
@@ -250,8 +389,7 @@ class PairTable:
             other = self.table.pop(f.pair_key, None)
             if other is None or other[0] == f.arm:
                 if other is not None and f.arm == "baseline":  # A/A pair: tracks batch non-invariance
-                    self.aa_pairs += 1
-                    self.aa_mismatches += other[1] != f.token_ids
+                    self.add_aa_pair(other[1], f.token_ids)
                 self.table[f.pair_key] = (f.arm, f.token_ids, f.trace_id, f.request_id)
                 if len(self.table) > self.cfg.pair_cache:
                     self.table.popitem(last=False)
@@ -260,6 +398,14 @@ class PairTable:
             pairs.append((cand, base))
             trace.append((f.trace_id, f.request_id) if f.arm == "candidate" else (other[2], other[3]))
         return self._score(pairs, trace)
+
+    def add_aa_pair(self, first_ids, second_ids) -> None:
+        """One baseline-vs-baseline pair; re-learns the A/A rate at aa_min_pairs, then at each doubling."""
+        self.aa_pairs += 1
+        self.aa_mismatches += int(first_ids != second_ids)
+        if self.aa_pairs >= self.cfg.aa_min_pairs and self.aa_pairs >= 2 * self.aa_fitted_at:
+            self.detector.learn_aa(self.aa_pairs, self.aa_mismatches)
+            self.aa_fitted_at = self.aa_pairs
 
     def add_pair(self, cand_ids, base_ids, trace_id: str | None, request_id: str) -> list[Alarm]:
         """A pair from the replay client (baseline answer fetched from ``--baseline-url``)."""
@@ -277,3 +423,45 @@ class PairTable:
             ex = list(self.mismatch_examples)
             return [Alarm("exact_match", self.model, "candidate", r, [t for t, _ in ex if t], [q for _, q in ex])]
         return []
+
+    def active_alarms(self) -> list[dict[str, Any]]:
+        c = self.detector.chart
+        if not c.alarm_:
+            return []
+        return [{"detector": "exact_match", "model": self.model, "arm": "candidate", "statistic": c.s_,
+                 "threshold": c.threshold_, "alarm_index": c.alarm_index_, "samples_since_fit": c.n_,
+                 "aa_rate": c.p0_, "aa_rate_source": dict(self.detector.aa_source_)}]
+
+    def acknowledge(self, detector: str | None = None) -> list[str]:
+        if detector not in (None, "exact_match") or not self.detector.chart.alarm_:
+            return []
+        self.detector.acknowledge()
+        if self.last is not None:
+            self.last.alarm = False
+        return ["exact_match"]
+
+    def rebaseline(self) -> None:
+        """Forget the A/A pairs and the chart: back to ``aa_mismatch_rate`` until new A/A pairs arrive."""
+        self.detector.fit()
+        self.aa_pairs = self.aa_mismatches = self.aa_fitted_at = 0
+        self.table.clear()
+        self.mismatch_examples.clear()
+        self.last = None
+
+    def _encode_state(self, name: str, value: Any) -> Any:
+        if name == "table":
+            keep = list(value.items())[-self.cfg.pair_state_entries:] if self.cfg.pair_state_entries > 0 else []
+            return [[k, *v] for k, v in keep]
+        return value
+
+    def _decode_state(self, name: str, value: Any) -> Any:
+        if name == "table":
+            return OrderedDict((k, (arm, ids, tr, rq)) for k, arm, ids, tr, rq in value)
+        if name == "mismatch_examples":
+            return deque((tuple(x) for x in value), maxlen=5)
+        if name == "detector":
+            self.detector.set_state(value)
+            return self.detector
+        if name == "last":
+            return _result_or_none(value)
+        return value

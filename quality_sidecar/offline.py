@@ -1,7 +1,9 @@
 """One-shot scoring of a JSONL file (``quality-sidecar score``): rates, tests between arms, T=0 pairs.
 
 Unlike the streaming detectors this uses conventional alpha = 0.05 two-sample tests with Holm across
-metrics (it answers "do these two arms differ in this file?", like the release gate does).
+metrics (it answers "do these two arms differ in this file?", like the release gate does).  The
+length test is the Monte-Carlo permutation test of the mean (valid at these alphas with the ties and
+the max_tokens cap of real lengths; see ``length_test``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutat
                                "mean_length_tokens": sum(f.length for f in fs) / len(fs)}
     b, c = by_arm.get("baseline", []), by_arm.get("candidate", [])
     if b and c:
-        tests = [length_test([f.length for f in b], [f.length for f in c]),
+        tests = [length_test([f.length for f in b], [f.length for f in c], method="permutation"),
                  finish_reason_test([f.finish_reason for f in b], [f.finish_reason for f in c])]
         tests += [rate_test([f.truncated if k == "truncated" else f.flags.get(k, False) for f in b],
                             [f.truncated if k == "truncated" else f.flags.get(k, False) for f in c], name=k)

@@ -25,6 +25,7 @@ from typing import Any
 from .classifiers import classify_batch, default_classifiers
 from .classifiers.format import FormatClassifier
 from .conformance import ConformanceConfig, ConformanceMonitor
+from .detectors.base import to_jsonable
 from .detectors.embedders import make_embedder
 from .features import Features, extract
 from .monitor import Alarm, ArmComparison, MonitorConfig, PairTable, StreamMonitor
@@ -110,6 +111,8 @@ class Pipeline:
         self.counts = {"samples": 0, "duplicates": 0, "dlq": 0}
         self.dlq_reasons: dict[str, int] = {}
         self.alarm_log: list[dict[str, Any]] = []
+        self.control_log: list[dict[str, Any]] = []  # ack / clear / rebaseline events
+        self.control_dirty = False  # an ack or rebaseline not yet in the state file
         self.reference: dict[tuple[str, str], list[Features]] = {}
         self._lock = threading.Lock()
         if cfg.reference_path:
@@ -197,13 +200,19 @@ class Pipeline:
         return alarms
 
     def add_replay_pair(self, sample: dict[str, Any], baseline: dict[str, Any]) -> None:
-        """Callback of the replay worker: pair a candidate greedy output with the baseline's."""
+        """Callback of the replay worker: pair a greedy output with the baseline server's answer.
+
+        A candidate sample gives a test pair; a baseline-arm sample gives an A/A pair, from which
+        the exact-match chart learns its in-control mismatch rate."""
         cand = sample["output"].get("token_ids")
         base = baseline.get("token_ids")
         if cand is None or base is None:
             cand, base = sample["output"].get("text"), baseline.get("text")
         with self._lock:
             pt = self.pairs.setdefault(sample["model"], PairTable(sample["model"], self.cfg.monitor))
+            if sample["deployment"]["arm"] == "baseline":
+                pt.add_aa_pair(cand, base)
+                return
             self._emit(pt.add_pair(cand, base, sample.get("trace_id"), sample["request_id"]))
 
     def add_conformance(self, sample: dict[str, Any], score: Any) -> None:
@@ -279,12 +288,98 @@ class Pipeline:
                     m.alarm.labels("exact_match", model, "candidate").set(1 if pt.last.alarm else 0)
 
     # --- state -----------------------------------------------------------------------------------
+    # --- alarm life cycle: list, acknowledge, clear, re-baseline ------------------------------------
+    def active_alarms(self) -> list[dict[str, Any]]:
+        """Every latched alarm (all detector kinds), as JSON-safe dicts (``GET /alarms``)."""
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            for mon in self.streams.values():
+                out += mon.active_alarms()
+            for cmp in self.compare.values():
+                out += cmp.active_alarms()
+            for pt in self.pairs.values():
+                out += pt.active_alarms()
+            for model, cm in self.conformance.items():
+                out += [{"detector": "sampling_conformance", "model": model, "arm": arm,
+                         "statistic": max(c.s_up_, c.s_down_), "threshold": c.threshold_,
+                         "alarm_index": c.alarm_index_, "samples_since_fit": c.n_}
+                        for arm, c in cm.charts.items() if c.alarm_]
+        return [to_jsonable(a) for a in out]
+
+    def acknowledge(self, detector: str | None = None, model: str | None = None, arm: str | None = None,
+                    by: str | None = None) -> list[dict[str, str]]:
+        """Acknowledge latched alarms matching (detector, model, arm); ``None`` matches all.
+
+        The statistic of each acknowledged detector restarts, so a regression that persists fires
+        again after the detector's normal delay. The result is in the detector state (persisted at
+        the next checkpoint), and an ``quality_sidecar.ack`` event goes to the log and the alert sink.
+        """
+        done: list[dict[str, str]] = []
+        with self._lock:
+            for (m, a), mon in self.streams.items():
+                if model in (None, m) and arm in (None, a):
+                    done += [{"detector": d, "model": m, "arm": a} for d in mon.acknowledge(detector)]
+            for m, cmp in self.compare.items():
+                if model in (None, m) and arm in (None, "candidate"):
+                    done += [{"detector": d, "model": m, "arm": "candidate"} for d in cmp.acknowledge(detector)]
+            for m, pt in self.pairs.items():
+                if model in (None, m) and arm in (None, "candidate"):
+                    done += [{"detector": d, "model": m, "arm": "candidate"} for d in pt.acknowledge(detector)]
+            for m, cm in self.conformance.items():
+                for a, c in cm.charts.items():
+                    if c.alarm_ and detector in (None, "sampling_conformance") and model in (None, m) \
+                            and arm in (None, a):
+                        cm.reset(a)
+                        done.append({"detector": "sampling_conformance", "model": m, "arm": a})
+            if done:
+                self._control_event("quality_sidecar.ack", {"acknowledged": done, "by": by})
+        return done
+
+    def rebaseline(self, model: str | None = None, arm: str | None = None, by: str | None = None) -> list[str]:
+        """Drop the frozen references (and A/A estimates) so the next samples become the new baseline.
+
+        For use after an intended change (new model, new template): the stream charts re-collect
+        ``reference_size`` samples and re-fit, the arm windows start empty, and the exact-match chart
+        goes back to ``aa_mismatch_rate`` until ``aa_min_pairs`` new A/A pairs exist. A reference
+        loaded with ``--reference`` is not re-applied. Latched alarms of these detectors are cleared.
+        """
+        done: list[str] = []
+        with self._lock:
+            for (m, a), mon in self.streams.items():
+                if model in (None, m) and arm in (None, a):
+                    mon.rebaseline()
+                    done.append(f"stream {m}/{a}")
+            for m, cmp in self.compare.items():
+                if model in (None, m):
+                    cmp.rebaseline()
+                    done.append(f"twosample {m}")
+            for m, pt in self.pairs.items():
+                if model in (None, m):
+                    pt.rebaseline()
+                    done.append(f"exact_match {m}")
+            if done:
+                self._control_event("quality_sidecar.rebaseline", {"rebaselined": done, "model": model, "arm": arm,
+                                                                   "by": by})
+        return done
+
+    def _control_event(self, kind: str, body: dict[str, Any]) -> None:
+        event = {"type": kind, "time_unix_s": time.time(), **body}
+        self.control_log.append(event)
+        del self.control_log[:-100]
+        self.control_dirty = True
+        log.warning("%s: %s", kind, json.dumps(body))
+        if self.alerts is not None:
+            self.alerts.emit(event)
+
     def get_state(self) -> dict[str, Any]:
+        """Everything a restart needs: counters, dedupe window and the state of every detector."""
         with self._lock:
             return {"counts": dict(self.counts), "dlq_reasons": dict(self.dlq_reasons), "seen": list(self.seen),
                     "streams": {f"{m}\x1f{a}": s.get_state() for (m, a), s in self.streams.items()},
+                    "compare": {m: c.get_state() for m, c in self.compare.items()},
+                    "pairs": {m: p.get_state() for m, p in self.pairs.items()},
                     "conformance": {m: c.get_state() for m, c in self.conformance.items()},
-                    "alarms": self.alarm_log[-100:]}
+                    "alarms": self.alarm_log[-100:], "control": self.control_log[-100:]}
 
     def set_state(self, st: dict[str, Any]) -> None:
         self.counts.update(st["counts"])
@@ -302,6 +397,14 @@ class Pipeline:
             mon = self.streams[(model, arm)] = StreamMonitor(model, arm, self.cfg.monitor)
             mon.set_state(ss)
             self.metrics.samples.labels(model, arm).inc(mon.samples)
+        for model, cs in (st.get("compare") or {}).items():
+            self.compare[model] = ArmComparison(model, self.cfg.monitor)
+            self.compare[model].set_state(cs)
+        for model, ps in (st.get("pairs") or {}).items():
+            self.pairs[model] = PairTable(model, self.cfg.monitor)
+            self.pairs[model].set_state(ps)
+        self.control_log = st.get("control", [])
+        self.refresh_gauges()  # alarm gauges say 1 for a latched alarm right after the restart
 
 
 def save_state(path: str, state: dict[str, Any]) -> None:
@@ -328,6 +431,8 @@ class Service:
         self.alerts = AlertSink(cfg.alerts, cfg.webhook_url)
         self.dlq = JsonWriter(cfg.dlq) if cfg.dlq else None
         self.pipeline = Pipeline(cfg, self.metrics, self.alerts)
+        if self.http is not None:
+            self.http.control = self.pipeline  # /alarms, /alarms/{detector}/ack, /alarms/clear, /rebaseline
         self.offsets: dict[tuple[str, int], int] = {}
         if cfg.state_path and Path(cfg.state_path).exists():
             st = json.loads(Path(cfg.state_path).read_text())
@@ -383,8 +488,8 @@ class Service:
             sample = self.pipeline.decode(rec.value, rec.where, self.dlq)
             if sample is not None:
                 valid.append(sample)
-                if self.replay is not None and sample["deployment"]["arm"] == "candidate" and \
-                        (sample.get("sampling") or {}).get("temperature") == 0:
+                if self.replay is not None and sample["deployment"]["arm"] in ("candidate", "baseline") and \
+                        (sample.get("sampling") or {}).get("temperature") == 0:  # baseline: A/A pairs
                     self.replay.submit(sample)
                 if self.scorer is not None:
                     self.scorer.submit(sample)
@@ -406,16 +511,18 @@ class Service:
                         self._scorer_reported[reason] = n
         for (t, p), lag in self.source.lag().items():
             self.metrics.lag.labels(t, str(p)).set(lag)
-        if not self.uncommitted:
-            return
+        if not self.uncommitted and not self.pipeline.control_dirty:
+            return  # an ack / rebaseline with no new records still has to reach the state file
         if self.dlq is not None:
             self.dlq.flush()
         self.alerts.flush()
         self.offsets.update(self.uncommitted)
+        self.pipeline.control_dirty = False
         if self.cfg.state_path:
             save_state(self.cfg.state_path, {"pipeline": self.pipeline.get_state(),
                                              "offsets": [[t, p, o] for (t, p), o in self.offsets.items()]})
-        self.source.commit(dict(self.uncommitted))
+        if self.uncommitted:
+            self.source.commit(dict(self.uncommitted))
         self.uncommitted = {}
 
     def run(self) -> int:

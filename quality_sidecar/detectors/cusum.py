@@ -15,10 +15,11 @@ classical exponential law of CUSUM run lengths, Siegmund 1985).  The ERT a budge
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
-from .base import Result
+from .base import Result, StatefulDetector
 
 
 def lindley(increments: np.ndarray, s0: float = 0.0) -> np.ndarray:
@@ -73,7 +74,7 @@ def _bernoulli_threshold(p0: float, p1: float, ert: float) -> float:
     return calibrate_threshold(draw, ert)
 
 
-class BernoulliCUSUM:
+class BernoulliCUSUM(StatefulDetector):
     """Upward CUSUM on a 0/1 stream (refusal flag, truncation, T=0 mismatch...).
 
     ``fit(reference)`` estimates p0 with a Laplace estimate floored at ``p_floor`` (a rate of 0 in
@@ -83,6 +84,8 @@ class BernoulliCUSUM:
     the benchmark to count false alarms) instead restarts from 0 and keeps counting.
     """
 
+    STATE = ("p0_", "s_", "n_", "alarm_", "alarms_", "alarm_index_")
+
     def __init__(self, name: str, ert: float, delta: float = 0.02, p_floor: float = 0.002,
                  p0: float | None = None, restart_after_alarm: bool = False):
         self.name, self.ert, self.delta, self.p_floor = name, ert, delta, p_floor
@@ -90,13 +93,30 @@ class BernoulliCUSUM:
         if p0 is not None:
             self._set_p0(p0)
 
-    def _set_p0(self, p0: float) -> None:
+    def _set_p0(self, p0: float, keep_statistic: bool = False) -> None:
+        """Tune the chart to in-control rate ``p0``; ``keep_statistic`` keeps the running sum and the
+        alarm (a re-fit of p0 from more A/A data must not erase the evidence gathered so far)."""
         self.p0_ = float(min(max(p0, self.p_floor), 0.5))
+        self._derive()
+        if not keep_statistic or not hasattr(self, "s_"):
+            self.reset()
+
+    def _derive(self) -> None:
         self.p1_ = min(0.99, self.p0_ + self.delta)
         self.up_ = float(np.log(self.p1_ / self.p0_))
         self.down_ = float(np.log((1 - self.p1_) / (1 - self.p0_)))
         self.threshold_ = _bernoulli_threshold(round(self.p0_, 5), round(self.p1_, 5), float(self.ert))
-        self.reset()
+
+    def _after_set_state(self) -> None:
+        self._derive()  # the threshold follows from p0 and the configured ERT: not stored
+
+    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 0 (before the state protocol): {s, n, alarm, alarms}, p0 re-fitted by the caller."""
+        if version == 0 and "s" in st:
+            return {"version": 1, "state": {"p0_": getattr(self, "p0_", self.p_floor), "s_": st["s"],
+                                             "n_": st["n"], "alarm_": st["alarm"], "alarms_": st["alarms"],
+                                             "alarm_index_": None}}
+        return super()._upgrade_state(st, version)
 
     def fit(self, reference) -> BernoulliCUSUM:
         """p0 = one-sided 90% upper (Jeffreys) bound of the reference rate, not the point estimate:
@@ -116,14 +136,12 @@ class BernoulliCUSUM:
         x = np.asarray(batch, dtype=bool)
         return _update(self, np.where(x, self.up_, self.down_))
 
-    def get_state(self) -> dict:
-        return {"s": self.s_, "n": self.n_, "alarm": self.alarm_, "alarms": self.alarms_}
-
-    def set_state(self, st: dict) -> None:
-        self.s_, self.n_, self.alarm_, self.alarms_ = st["s"], st["n"], st["alarm"], st["alarms"]
+    def acknowledge(self) -> None:
+        """Clear the latched alarm and restart the sum from 0; samples and alarm counts are kept."""
+        self.s_, self.alarm_, self.alarm_index_ = 0.0, False, None
 
 
-class GaussianCUSUM:
+class GaussianCUSUM(StatefulDetector):
     """CUSUM on a continuous stream standardised by the reference (acceptance rate, log length).
 
     ``direction`` is "up" or "down"; ``shift`` is the change to detect in reference standard
@@ -131,6 +149,8 @@ class GaussianCUSUM:
     outlier cannot fire the chart alone.  The null for calibration is a bootstrap of the
     standardised reference, so skewed or discrete features (lengths) are handled honestly.
     """
+
+    STATE = ("mean_", "sd_", "threshold_", "s_", "n_", "alarm_", "alarms_", "alarm_index_")
 
     def __init__(self, name: str, ert: float, direction: str = "up", shift: float = 0.5, clip: float = 4.0,
                  restart_after_alarm: bool = False, seed: int = 0, ref_z: float = 1.645,
@@ -170,8 +190,15 @@ class GaussianCUSUM:
         return self
 
     reset = BernoulliCUSUM.reset
-    get_state = BernoulliCUSUM.get_state
-    set_state = BernoulliCUSUM.set_state
+    acknowledge = BernoulliCUSUM.acknowledge
+
+    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 0: {s, n, alarm, alarms}; the fitted mean/sd/threshold come from a re-fit."""
+        if version == 0 and "s" in st and hasattr(self, "threshold_"):
+            return {"version": 1, "state": {"mean_": self.mean_, "sd_": self.sd_, "threshold_": self.threshold_,
+                                             "s_": st["s"], "n_": st["n"], "alarm_": st["alarm"],
+                                             "alarms_": st["alarms"], "alarm_index_": None}}
+        return super()._upgrade_state(st, version)
 
     def update(self, batch) -> Result:
         x = np.asarray(batch, dtype=float)

@@ -78,12 +78,18 @@ class AlertSink:
         self.sent = 0
 
     def emit(self, event: dict[str, Any]) -> None:
+        """Send an alert, or a control event (``quality_sidecar.ack`` / ``.rebaseline``, logged by the
+        pipeline) so that consumers of the alert topic also see who acknowledged what."""
         self.sent += 1
-        log.warning("ALERT %s model=%s arm=%s statistic=%.4g threshold=%.4g traces=%s", event["detector"],
-                    event["model"], event["arm"], event["statistic"], event["threshold"],
-                    ",".join(event.get("example_trace_ids", [])[:3]))
+        if event.get("type", "quality_sidecar.alert") == "quality_sidecar.alert":
+            log.warning("ALERT %s model=%s arm=%s statistic=%.4g threshold=%.4g traces=%s", event["detector"],
+                        event["model"], event["arm"], event["statistic"], event["threshold"],
+                        ",".join(event.get("example_trace_ids", [])[:3]))
+            key = f"{event['model']}/{event['detector']}"
+        else:
+            key = f"{event.get('model') or '*'}/{event['type']}"
         if self.writer:
-            self.writer.write(event, key=f"{event['model']}/{event['detector']}")
+            self.writer.write(event, key=key)
         if self.webhook:
             try:
                 import requests

@@ -3,13 +3,26 @@
 ``/metrics`` (Prometheus text format), ``/healthz`` (200 while the consume loop has ticked within
 ``stall_s``), ``/readyz`` (200 once the source is connected and the classifiers are loaded).  Each
 service owns its ``CollectorRegistry`` so tests can run several in one process.
+
+Alarm control (when the service sets ``control``, its ``Pipeline``), all answering JSON:
+``GET /alarms`` lists latched alarms; ``POST /alarms/{detector}/ack[?model=&arm=&by=]`` acknowledges
+one detector's alarms (``404`` when none matched); ``POST /alarms/clear[?model=&arm=&by=]``
+acknowledges all; ``POST /rebaseline[?model=&arm=&by=]`` drops the references.  Alarms latch until
+acknowledged, so that an alarm nobody saw is not lost.  The POSTs change what the sidecar watches.
+When ``QUALITY_SIDECAR_CONTROL_TOKEN`` is set they need ``Authorization: Bearer <token>``
+(``401`` otherwise).
 """
 
 from __future__ import annotations
 
+import hmac
+import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -61,10 +74,12 @@ class Metrics:
 
 
 class HttpServer:
-    """``/metrics``, ``/healthz``, ``/readyz`` on one port, in a daemon thread."""
+    """``/metrics``, ``/healthz``, ``/readyz`` and the alarm control endpoints, in a daemon thread."""
 
-    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0", stall_s: float = 60.0):
+    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0", stall_s: float = 60.0,
+                 control: Any = None):
         self.metrics, self.stall_s = metrics, stall_s
+        self.control = control  # a Pipeline: active_alarms(), acknowledge(), rebaseline()
         self.ready = False
         self.heartbeat = time.monotonic()
         outer = self
@@ -79,8 +94,39 @@ class HttpServer:
                     self._send(200 if ok else 503, b"ok\n" if ok else b"consume loop stalled\n")
                 elif path == "/readyz":
                     self._send(200 if outer.ready else 503, b"ready\n" if outer.ready else b"not ready\n")
+                elif path == "/alarms" and outer.control is not None:
+                    self._json(200, {"alarms": outer.control.active_alarms()})
                 else:
-                    self._send(404, b"not found: try /metrics /healthz /readyz\n")
+                    self._send(404, b"not found: try /metrics /healthz /readyz /alarms\n")
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                url = urlsplit(self.path)
+                q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)  # no body is used; read it so the connection stays sane
+                if outer.control is None:
+                    self._json(404, {"error": "no alarm control on this server"})
+                    return
+                token = os.environ.get("QUALITY_SIDECAR_CONTROL_TOKEN")
+                if token and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
+                    self._json(401, {"error": "POST needs Authorization: Bearer $QUALITY_SIDECAR_CONTROL_TOKEN"})
+                    return
+                parts = [unquote(p) for p in url.path.strip("/").split("/")]
+                who = {"model": q.get("model"), "arm": q.get("arm"), "by": q.get("by")}
+                if len(parts) == 3 and parts[0] == "alarms" and parts[2] == "ack":
+                    done = outer.control.acknowledge(parts[1], **who)
+                    self._json(200 if done else 404, {"acknowledged": done} if done else
+                               {"acknowledged": [], "error": f"no latched alarm of {parts[1]!r} matches"})
+                elif parts == ["alarms", "clear"]:
+                    self._json(200, {"acknowledged": outer.control.acknowledge(None, **who)})
+                elif parts == ["rebaseline"]:
+                    self._json(200, {"rebaselined": outer.control.rebaseline(**who)})
+                else:
+                    self._json(404, {"error": "try POST /alarms/{detector}/ack, /alarms/clear or /rebaseline"})
+
+            def _json(self, code: int, obj: Any) -> None:
+                self._send(code, (json.dumps(obj) + "\n").encode(), "application/json")
 
             def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
                 self.send_response(code)

@@ -7,6 +7,7 @@ from quality_sidecar.detectors import (
     BernoulliCUSUM,
     GaussianCUSUM,
     PairedExactMatch,
+    finish_reason_test,
     first_divergence,
     holm,
     length_test,
@@ -112,3 +113,68 @@ def test_paired_exact_match_against_aa_rate():
     corrupt = [(x[:10] + [x[10] + 1] + x[11:], x) if rng.random() < 0.03 else (x, x) for x in ids]
     r = det.update(corrupt)
     assert r.alarm and r.extra["top_divergence_positions"][0][0] == 10
+
+
+def _capped_lengths(rng, n):
+    """Lengths like the issue-13 real streams: geometric stop times capped at max_tokens = 32, so
+    ~86% of outputs are tied at the cap and the rest are tied integers too."""
+    return np.minimum(rng.geometric(0.0047, n), 32)
+
+
+def test_length_test_is_not_anti_conservative_with_ties_and_a_cap():
+    """At alpha = 1e-3, unequal windows (600 baseline vs 1000 candidate, as ArmComparison allows),
+    4,000 null rounds: the expected count is 4, and more than 12 has probability < 0.001 for a valid
+    test.  scipy's Cramer-von Mises (the old length test) rejects in nearly every round here."""
+    from scipy.stats import cramervonmises_2samp
+
+    rng = np.random.default_rng(13)
+    alpha, rounds = 1e-3, 4000
+    hits = cvm_hits = 0
+    for i in range(rounds):
+        a, b = _capped_lengths(rng, 600), _capped_lengths(rng, 1000)
+        hits += length_test(a, b).pvalue < alpha
+        if i < 50:  # the old test, for contrast: a handful of rounds are enough to see it fail
+            cvm_hits += cramervonmises_2samp(a, b).pvalue < alpha
+    assert np.mean(_capped_lengths(rng, 10_000) == 32) > 0.8
+    assert hits <= 12, f"{hits} false alarms in {rounds} rounds at alpha={alpha}"
+    assert cvm_hits >= 40  # the check above is one that the old length test fails
+
+
+def test_length_test_matches_scipy_and_has_power():
+    from scipy.stats import mannwhitneyu
+
+    rng = np.random.default_rng(14)
+    a, b = _capped_lengths(rng, 700), _capped_lengths(rng, 900)
+    ref = mannwhitneyu(a, b, use_continuity=False, method="asymptotic").pvalue
+    assert abs(length_test(a, b).pvalue - ref) < 1e-12
+    shorter = np.minimum(rng.geometric(0.008, 1000), 32)  # cap share 86% -> 77%
+    assert length_test(_capped_lengths(rng, 1000), shorter).pvalue < 1e-5
+    assert length_test([5, 5, 5], [5, 5, 5, 5]).pvalue == 1.0  # all tied: no evidence, no division by 0
+    with pytest.raises(ValueError, match="method"):
+        length_test(a, b, method="cvm")
+
+
+def test_permutation_length_test_is_valid_at_005_and_detects_a_mean_shift():
+    """Add-one Monte-Carlo permutation p-values are valid for any data; checked on capped, tied
+    lengths with unequal sizes (300 null rounds at alpha 0.05: a valid test gives <= 27 with
+    probability > 0.999)."""
+    rng = np.random.default_rng(15)
+    ps = [length_test(_capped_lengths(rng, 150), _capped_lengths(rng, 250), method="permutation",
+                      n_permutations=199, seed=i).pvalue for i in range(300)]
+    assert np.mean(np.array(ps) < 0.05) <= 27 / 300
+    r = length_test(_capped_lengths(rng, 800), np.minimum(rng.geometric(0.01, 800), 32), method="permutation",
+                    n_permutations=999)
+    assert r.pvalue == 1 / 1000 and r.statistic < 0  # mean length fell; smallest possible p-value
+
+
+def test_finish_reason_test_merges_sparse_categories_and_is_exact_on_two():
+    rng = np.random.default_rng(16)
+    reasons = np.array(["length", "stop", "abort", "error"])
+    probs = [0.86, 0.138, 0.001, 0.001]
+    ps = [finish_reason_test(rng.choice(reasons, 600, p=probs), rng.choice(reasons, 1000, p=probs)).pvalue
+          for _ in range(400)]
+    # Rare abort/error cells (expected < 5) are outside chi-square's approximation. Merged (Fisher on two
+    # columns) the rate must stay at alpha; 400 rounds at 0.01 give <= 8 with probability > 0.999.
+    assert np.mean(np.array(ps) < 0.01) <= 0.02
+    r = finish_reason_test(["length"] * 90 + ["stop"] * 10, ["length"] * 70 + ["stop"] * 30)
+    assert r.detail.startswith("Fisher") and r.pvalue < 1e-3
