@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--dlq", default=None, help="file://PATH.jsonl for invalid lines (default: count only)")
     score.add_argument("--config", default=None, help="YAML config as for run")
     score.add_argument("--permutations", type=int, default=200, help="permutations for the text MMD test")
+    score.add_argument("--baseline-url", default=None,
+                       help="OpenAI-compatible baseline server: score every T>0 sample under it (PIT per arm, "
+                            "likelihood shift between arms); without it T>0 conformance is not tested")
     score.add_argument("--text-embedder", default=None,
                        help="text vectors for the MMD test: hashed (default) | minilm (extra 'embeddings') | "
                             "pkg.module:Class (overrides monitor.text_embedder of --config)")
@@ -154,7 +157,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     conf = load_config(args.config)
     if args.text_embedder:
         conf = {**conf, "monitor": {**(conf.get("monitor") or {}), "text_embedder": args.text_embedder}}
-    report = score_file(args.input, conf, dlq=args.dlq, permutations=args.permutations)
+    report = score_file(args.input, conf, dlq=args.dlq, permutations=args.permutations,
+                        baseline_url=args.baseline_url)
     Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     c = report["counts"]
     print(f"scored {c['samples']} samples ({c['dlq']} invalid) -> {args.json}", file=sys.stderr)

@@ -3,7 +3,9 @@
 Unlike the streaming detectors this uses conventional alpha = 0.05 two-sample tests with Holm across
 metrics (it answers "do these two arms differ in this file?", like the release gate does).  The
 length test is the Monte-Carlo permutation test of the mean (valid at these alphas with the ties and
-the max_tokens cap of real lengths; see ``length_test``).
+the max_tokens cap of real lengths; see ``length_test``).  With
+``baseline_url`` every T>0 sample is also scored under the baseline server: a PIT test per arm (exact
+under the null, so the candidate arm is judged on its own) and the likelihood shift between arms.
 """
 
 from __future__ import annotations
@@ -24,7 +26,51 @@ from .service import Pipeline, ServiceConfig
 from .sinks import JsonWriter
 
 
-def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutations: int = 200) -> dict[str, Any]:
+def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: dict[str, Any],
+                       progress: bool = True) -> dict[str, Any]:
+    """Score every T>0 sample under the baseline server; PIT test per arm, likelihood shift between arms."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from .conformance import ConformanceConfig, LogprobClient
+    from .detectors.conformance import SamplerParams, likelihood_shift_test, pit_test, score_topk
+
+    cc = ConformanceConfig(**(conf.get("conformance") or {}))
+    client = LogprobClient(baseline_url, top_logprobs=cc.top_logprobs, timeout_s=cc.timeout_s, api=cc.api)
+    rng = np.random.default_rng(0)
+    pit: dict[str, list[float]] = {}
+    lp: dict[str, dict[str, list[float]]] = {}
+    counts = {"scored": 0, "not_t_above_0_or_modified": 0, "no_token_ids": 0}
+    for s in tqdm(samples, desc="scoring T>0 under the baseline", unit=" samples", disable=not progress):
+        params = SamplerParams.from_sampling(s.get("sampling"))
+        if params is None:
+            counts["not_t_above_0_or_modified"] += 1
+            continue
+        out = (s.get("output") or {}).get("token_ids")
+        if not out or not s.get("prompt_token_ids"):
+            counts["no_token_ids"] += 1
+            continue
+        ids, lps, tok = client.score(s["prompt_token_ids"], out, model=s.get("model"))
+        sc = score_topk(ids, lps, out, tok, params, rng)
+        arm = s["deployment"]["arm"]
+        pit.setdefault(arm, []).extend(sc.pit.tolist())
+        lp.setdefault(arm, {}).setdefault(s["prompt"]["sha256"], []).append(sc.mean_logprob)
+        counts["scored"] += 1
+    arms = {}
+    for arm, u in pit.items():
+        t = pit_test(u)
+        vals = [x for v in lp[arm].values() for x in v]
+        arms[arm] = {"pit_tokens": len(u), "pit_anderson_darling_p": t.pvalue, "pit_detail": t.detail,
+                     "mean_token_logprob_nats": float(np.mean(vals))}
+    report: dict[str, Any] = {"baseline_url": baseline_url, "counts": counts, "arms": arms}
+    if "baseline" in lp and "candidate" in lp:
+        t = likelihood_shift_test(lp["baseline"], lp["candidate"])
+        report["likelihood_shift"] = {"effect_nats_per_token": t.statistic, "pvalue": t.pvalue, "detail": t.detail}
+    return report
+
+
+def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutations: int = 200,
+               baseline_url: str | None = None) -> dict[str, Any]:
     from tqdm import tqdm
 
     cfg = ServiceConfig.from_dict({**conf, "source": f"file://{path}"})
@@ -68,4 +114,6 @@ def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutat
         report["exact_match"] = {"pairs": len(pairs),
                                  "exact_match_rate": (sum(d is None for d in divs) / len(divs)) if divs else None,
                                  "first_divergence_positions": sorted(d for d in divs if d is not None)[:50]}
+    if baseline_url:
+        report["conformance"] = conformance_report(samples, baseline_url, conf)
     return report

@@ -137,3 +137,17 @@ def test_without_baseline_url_t_above_zero_is_reported_unmonitored(tmp_path: Pat
         svc.close()
     with pytest.raises(ValueError, match="conformance.fraction"):
         ConformanceConfig(fraction=2.0)
+
+
+def test_score_cli_judges_each_arm_under_the_baseline(server, streams, tmp_path: Path) -> None:
+    from quality_sidecar.cli import main
+
+    src = write_jsonl(tmp_path / "samples.jsonl", streams["baseline"] + streams["candidate"])
+    out = tmp_path / "report.json"
+    assert main(["score", "--input", str(src), "--json", str(out), "--baseline-url", server.url]) == 0
+    rep = json.loads(out.read_text())["conformance"]
+    assert rep["counts"]["scored"] == len(streams["baseline"]) + len(streams["candidate"])
+    assert rep["arms"]["baseline"]["pit_anderson_darling_p"] > 1e-3
+    assert rep["arms"]["candidate"]["pit_anderson_darling_p"] < 1e-6
+    shift = rep["likelihood_shift"]
+    assert shift["effect_nats_per_token"] > 0.1 and shift["pvalue"] < 1e-3
