@@ -567,6 +567,7 @@ KNOWN_METRICS = {
     "quality_sidecar_behaviour_rate",
     "quality_sidecar_exact_match_rate",
     "quality_sidecar_acceptance_rate",
+    "quality_sidecar_conformance_monitored",
     "vllm:spec_decode_num_accepted_tokens_total",
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_drafts_total",
@@ -600,6 +601,7 @@ def test_prometheus_rule_alerts(render) -> None:
         "VllmLookaheadSamplerDropping",
         "QualitySidecarConsumerLag",
         "VllmLookaheadExactMatchLow",
+        "VllmLookaheadSamplingConformanceUnmonitored",
     ):
         assert name in alerts, sorted(alerts)
     used: set[str] = set()
