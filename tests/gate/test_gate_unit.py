@@ -81,6 +81,15 @@ def test_policy_errors(doc: object, words: str) -> None:
         validate(doc)
 
 
+def test_policy_refuses_a_required_t0_check_without_samples(tmp_path: Path) -> None:
+    """samples_per_item: 0 with sampled.required: true used to drop the T>0 check silently."""
+    with pytest.raises(PolicyError, match=r"samples_per_item is 0 but criteria.sampled.required is true"):
+        validate({"criteria": {"sampled": {"samples_per_item": 0}}})
+    pol = validate({"criteria": {"sampled": {"samples_per_item": 0, "required": False}}})
+    assert pol["criteria"]["sampled"]["samples_per_item"] == 0 and pol["criteria"]["sampled"]["required"] is False
+    assert validate({"criteria": {"sampled": None}})["criteria"]["sampled"]["required"] is False
+
+
 def test_policy_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="does not exist"):
         load_policy(tmp_path / "nope.yaml")
@@ -208,6 +217,7 @@ def _arms(cand_texts: list[str], cand_ids: list[list[int]]) -> tuple[ArmRuns, Ar
 
 def test_analysis_pass_for_identical_and_fail_for_regression(tmp_path: Path) -> None:
     pol = load_policy()
+    pol["criteria"]["sampled"]["required"] = False  # these constructed arms have no T>0 samples
     clfs = load_classifiers(pol["criteria"]["behaviour"]["classifiers"])
     items = _items()
     texts = ["ok\n" if i % 2 == 0 else "no\n" for i in range(40)]
@@ -238,6 +248,7 @@ def test_analysis_pass_for_identical_and_fail_for_regression(tmp_path: Path) -> 
 
 def test_latency_alone_never_clears_the_gate() -> None:
     pol = load_policy()
+    pol["criteria"]["sampled"]["required"] = False
     pol["criteria"]["latency"]["required"] = True
     texts = ["ok\n" if i % 2 == 0 else "no\n" for i in range(40)]
     bad = ["no\n"] * 40
@@ -249,6 +260,40 @@ def test_latency_alone_never_clears_the_gate() -> None:
     res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0", "i1"])
     lat = next(c for c in res["criteria"] if c["name"] == "latency")
     assert lat["passed"] is True and res["verdict"] == "FAIL"
+
+
+def _sampled_run(name: str, pit_power: float, shift: float, seed: int) -> RunResult:
+    """Constructed T>0 run with scores: PIT values u**pit_power (1 = exact), mean log-prob -2 + shift."""
+    rng = np.random.default_rng(seed)
+    recs, scores = [], []
+    for i in range(40):
+        for s in range(4):
+            recs.append(RequestRecord(f"i{i}", s, [1, 2, 3], "ok\n", "length", 3))
+            scores.append({"item_id": f"i{i}", "sample": s, "n_tokens": 30, "out_of_support": 0,
+                           "mean_logprob": float(-2 + shift + rng.normal(0, 0.3)),
+                           "pit": list(rng.random(30) ** pit_power)})
+    run = RunResult(name, {"spec": "none"}, "batch", 0.8, 0, 1.0, recs)
+    run.scores, run.scoring_s = scores, 0.5
+    return run
+
+
+@pytest.mark.parametrize("pit_power, shift, verdict", [(1.0, 0.0, "PASS"), (1.3, 0.0, "FAIL"), (1.0, 0.2, "FAIL")])
+def test_sampled_criterion_judges_pit_and_likelihood_shift(pit_power: float, shift: float, verdict: str) -> None:
+    """Identical T>0 features, only the scores under the baseline model differ: a sharper candidate
+    (PIT mass towards 0) or a likelihood shift must FAIL the sampled criterion on their own."""
+    pol = load_policy()
+    texts, ids = ["ok\n"] * 40, [[i, 1, 2, 3] for i in range(40)]
+    base, cand = _arms(texts, ids)
+    base.sampled, cand.sampled = _sampled_run("b", 1.0, 0.0, 1), _sampled_run("c", pit_power, shift, 2)
+    res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0"])
+    assert res["verdict"] == verdict, res["criteria"]
+    conf = res["sampled"]["conformance"]
+    assert conf["shift"]["ci_low"] < shift < conf["shift"]["ci_high"]
+    assert conf["pit_baseline_control"]["p_value"] > 0.01
+    assert (res["failed"] == ["sampled"]) == (verdict == "FAIL")
+    cand.sampled.scores = None  # samples that were never scored cannot pass
+    res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0"])
+    assert res["failed"] == ["sampled"] and "not scored" in res["criteria"][4]["detail"]
 
 
 # ---------------------------------------------------------------- CLI usage errors (exit 2)

@@ -105,12 +105,32 @@ def _crit(name: str, measured: Any, threshold: str, passed: bool | None, require
             "required": required, "detail": detail}
 
 
-def _sampled(items: dict[str, EvalItem], b: list[dict], c: list[dict], pol: dict[str, Any],
+def _conformance(run: RunResult) -> dict[str, Any]:
+    """One arm's T>0 samples under the baseline model: mean token log-prob, PIT values, out-of-support."""
+    sc = [x for x in (run.scores or []) if x["n_tokens"]]
+    by_item: dict[str, list[float]] = {}
+    for x in sc:
+        by_item.setdefault(x["item_id"], []).append(x["mean_logprob"])
+    pit = np.array([u for x in sc for u in x["pit"]], float)
+    return {"n_samples": len(sc), "n_tokens": int(sum(x["n_tokens"] for x in sc)),
+            "mean_token_logprob": float(np.mean([x["mean_logprob"] for x in sc])) if sc else None,
+            "mean_pit": float(pit.mean()) if len(pit) else None,
+            "out_of_support": int(sum(x["out_of_support"] for x in (run.scores or []))),
+            "by_item": by_item, "pit": pit, "scoring_s": run.scoring_s}
+
+
+def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, pol: dict[str, Any],
              method: str, names: list[str]) -> dict[str, Any]:
+    """T>0 comparison: surface features (length, stop/pass/flag rates) plus the two likelihood tests
+    (PIT of the candidate's samples, likelihood shift candidate - baseline), all adjusted together."""
+    from quality_sidecar.detectors.conformance import likelihood_shift, pit_test
+    from quality_sidecar.detectors.twosample import length_test
+
     tests: dict[str, float] = {}
     bl = [x["n_tokens"] for x in b]
     cl = [x["n_tokens"] for x in c]
-    tests["length_ks"] = stats.ks_p(bl, cl)
+    # lengths are discrete, tied and capped at max_tokens: a tie-corrected Mann-Whitney, not KS
+    tests["length_mannwhitney"] = length_test(bl, cl).pvalue
     bs = sum(x["finish_reason"] == "stop" for x in b)
     cs = sum(x["finish_reason"] == "stop" for x in c)
     tests["stop_rate_fisher"] = stats.fisher_two_sided_p(cs, len(c), bs, len(b))
@@ -126,9 +146,28 @@ def _sampled(items: dict[str, EvalItem], b: list[dict], c: list[dict], pol: dict
         kc = sum(x["flags"].get(n, False) for x in c)
         tests[f"{n}_rate_fisher"] = stats.fisher_two_sided_p(kc, len(c), kb, len(b))
         rates[f"{n}_rate"] = {"baseline": kb / max(1, len(b)), "candidate": kc / max(1, len(c))}
+    scored = bruns.scores is not None and cruns.scores is not None
+    conf: dict[str, Any] = {"scored": scored}
+    if scored:
+        bc, cc = _conformance(bruns), _conformance(cruns)
+        pit_c, pit_b = pit_test(cc["pit"], "pit_candidate"), pit_test(bc["pit"], "pit_baseline")
+        sh = likelihood_shift(bc["by_item"], cc["by_item"])
+        tests["pit_candidate_ad"] = pit_c.pvalue
+        tests["likelihood_shift"] = sh.pvalue
+        conf.update({
+            "mean_token_logprob": {"baseline": bc["mean_token_logprob"], "candidate": cc["mean_token_logprob"]},
+            "tokens": {"baseline": bc["n_tokens"], "candidate": cc["n_tokens"]},
+            "mean_pit": {"baseline": bc["mean_pit"], "candidate": cc["mean_pit"]},
+            "shift": {"effect": sh.effect, "ci_low": sh.ci_low, "ci_high": sh.ci_high, "p_value": sh.pvalue,
+                      "paired": sh.paired, "n_pairs": sh.n_pairs},
+            "pit_candidate": {"a2": pit_c.statistic, "p_value": pit_c.pvalue, "detail": pit_c.detail},
+            # the baseline arm is exact by construction: its PIT is the A/A control of the scorer
+            "pit_baseline_control": {"a2": pit_b.statistic, "p_value": pit_b.pvalue, "detail": pit_b.detail},
+            "out_of_support": {"baseline": bc["out_of_support"], "candidate": cc["out_of_support"]},
+            "scoring_s": {"baseline": bc["scoring_s"], "candidate": cc["scoring_s"]}})
     adj = stats.adjust_pvalues(list(tests.values()), method)
     return {"n_baseline": len(b), "n_candidate": len(c), "temperature": pol["temperature"],
-            "p_values": tests, "p_adjusted": dict(zip(tests, adj)), "rates": rates}
+            "p_values": tests, "p_adjusted": dict(zip(tests, adj)), "rates": rates, "conformance": conf}
 
 
 def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[str, Any],
@@ -164,6 +203,18 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
     aa_n = aa_exact["n"] if aa_exact else n
     excess = cand_exact["mismatches"] / max(1, n) - aa_mm / max(1, aa_n)
     p_exact = stats.fisher_greater_p(cand_exact["mismatches"], n, aa_mm, aa_n)
+    # Batch 1 too: some drafters (lookahead's free drafting) only run when a request is alone, so the
+    # candidate's one-at-a-time outputs are compared with the baseline's batched greedy outputs, judged
+    # against the pooled A/A rate (chunks vs all-at-once, and the baseline's own one-at-a-time run).
+    seq_exact = seq_aa = None
+    seq_excess, p_seq = 0.0, 1.0
+    if cand.sequential is not None:
+        seq_exact = _exact(base.greedy, cand.sequential)
+        seq_aa = _exact(base.greedy, base.sequential) if base.sequential is not None else None
+        pool_mm = aa_mm + (seq_aa["mismatches"] if seq_aa else 0)
+        pool_n = aa_n + (seq_aa["n"] if seq_aa else 0)
+        seq_excess = seq_exact["mismatches"] / max(1, seq_exact["n"]) - pool_mm / max(1, pool_n)
+        p_seq = stats.fisher_greater_p(seq_exact["mismatches"], seq_exact["n"], pool_mm, pool_n)
 
     behaviour = []
     for name in names:
@@ -176,8 +227,8 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
 
     sampled = None
     if base.sampled is not None and cand.sampled is not None:
-        sampled = _sampled(by_id, _score(by_id, base.sampled, classifiers), _score(by_id, cand.sampled, classifiers),
-                           crit_pol["sampled"], method, names)
+        sampled = _sampled(_score(by_id, base.sampled, classifiers), _score(by_id, cand.sampled, classifiers),
+                           base.sampled, cand.sampled, crit_pol["sampled"], method, names)
 
     lat_b = latency_summary(base.greedy, base.sequential, latency_ids)
     lat_c = latency_summary(cand.greedy, cand.sequential, latency_ids)
@@ -200,13 +251,19 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         not bad, True, f"worst task {worst['task']} ({worst['delta']:+.3f}); failing: "
         f"{', '.join(r['task'] for r in bad) or 'none'}"))
     c = crit_pol["exact_match"]
+    seq_ok = seq_excess <= c["max_excess_mismatch"] and not (p_seq < alpha)
+    seq_txt = (f"; batch 1: {seq_exact['mismatches']}/{seq_exact['n']} of the candidate's one-at-a-time outputs "
+               f"differ from the baseline's batched ones (baseline's own batch-1 A/A "
+               f"{seq_aa['mismatches'] if seq_aa else 'n/a'}/{seq_aa['n'] if seq_aa else 'n/a'}), excess "
+               f"{seq_excess:+.3f}, p={p_seq:.3g}") if seq_exact else "; batch 1: not run"
     criteria.append(_crit(
-        "exact_match", round(excess, 4),
-        f"mismatch(candidate) - mismatch(A/A) <= {c['max_excess_mismatch']} and not significantly higher (p < {alpha})",
-        excess <= c["max_excess_mismatch"] and not (p_exact < alpha), True,
+        "exact_match", round(max(excess, seq_excess), 4),
+        f"mismatch(candidate) - mismatch(A/A) <= {c['max_excess_mismatch']} and not significantly higher (p < {alpha}), "
+        "batched and at batch 1",
+        excess <= c["max_excess_mismatch"] and not (p_exact < alpha) and seq_ok, True,
         f"T=0 token match vs baseline {cand_exact['match_rate']:.3f} ({cand_exact['mismatches']}/{n} differ); "
         f"A/A {1 - aa_mm / max(1, aa_n):.3f} ({aa_mm}/{aa_n} differ, {base.aa.mode if base.aa else 'not run'} "
-        f"vs all at once); one-sided Fisher p={p_exact:.3g}"))
+        f"vs all at once); one-sided Fisher p={p_exact:.3g}" + seq_txt))
     c = crit_pol["behaviour"]
     bad_b = [r for r in behaviour if r["delta"] > c["max_increase"] or (r["p_adjusted"] < alpha and r["delta"] > 0)]
     worst_b = max(behaviour, key=lambda r: r["delta"]) if behaviour else None
@@ -216,13 +273,28 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         not bad_b, True, "; ".join(f"{r['classifier']} {r['base_rate']:.3f}->{r['cand_rate']:.3f}" for r in behaviour)))
     c = crit_pol["sampled"]
     if sampled is None:
-        criteria.append(_crit("sampled", None, "T>0 run switched off (samples_per_item: 0)", None, False))
+        criteria.append(_crit("sampled", None, "T>0 run switched off (samples_per_item: 0)", None,
+                              bool(c["required"]), "no T>0 samples: the T>0 distribution is not checked"))
     else:
         minp = min(sampled["p_adjusted"].values())
+        conf = sampled["conformance"]
+        ok = minp >= c["alpha"]
+        if not conf["scored"]:
+            ok, extra = False, "T>0 samples were not scored under the baseline model; "
+        else:
+            oos = conf["out_of_support"]
+            ok = ok and oos["candidate"] <= oos["baseline"]
+            sh, lp = conf["shift"], conf["mean_token_logprob"]
+            extra = (f"mean token log-prob {lp['baseline']:.4f} -> {lp['candidate']:.4f} nats, shift "
+                     f"{sh['effect']:+.4f} [{sh['ci_low']:+.4f}, {sh['ci_high']:+.4f}] nats/token; PIT (AD) "
+                     f"candidate p={conf['pit_candidate']['p_value']:.3g}, baseline control "
+                     f"p={conf['pit_baseline_control']['p_value']:.3g}; out-of-support tokens "
+                     f"{oos['baseline']}/{oos['candidate']}; scoring {sum(v or 0 for v in conf['scoring_s'].values()):.1f} s; ")
         criteria.append(_crit(
-            "sampled", round(minp, 4), f"every T>0 feature: {method}-adjusted p >= {c['alpha']}",
-            minp >= c["alpha"], bool(c["required"]),
-            f"T={c['temperature']}, {sampled['n_candidate']} samples/arm; " +
+            "sampled", round(minp, 4),
+            f"every T>0 test ({method}-adjusted p >= {c['alpha']}) and no out-of-support token beyond the baseline's",
+            ok, bool(c["required"]),
+            f"T={c['temperature']}, {sampled['n_candidate']} samples/arm; {extra}" +
             ", ".join(f"{k} p={v:.3g}" for k, v in sampled["p_adjusted"].items())))
     c = crit_pol["latency"]
     bt, ct = lat_b.get("seq_tokens_per_s"), lat_c.get("seq_tokens_per_s")
@@ -241,7 +313,9 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         "verdict": verdict, "failed": failed, "criteria": criteria,
         "n_items": len(items), "tasks": tasks,
         "pass_rate": {"overall": asdict(overall), "per_task": per_task},
-        "exact_match": {"candidate": cand_exact, "aa": aa_exact, "excess_mismatch": excess, "p_value": p_exact},
+        "exact_match": {"candidate": cand_exact, "aa": aa_exact, "excess_mismatch": excess, "p_value": p_exact,
+                        "batch1": {"candidate": seq_exact, "aa": seq_aa, "excess_mismatch": seq_excess,
+                                   "p_value": p_seq}},
         "behaviour": behaviour, "sampled": sampled,
         "latency": {"baseline": lat_b, "candidate": lat_c, "speedup_batch1": speedup},
         "mde": {"observed_discordance": p_disc,

