@@ -399,7 +399,7 @@ class PairTable(StatefulDetector):
             trace.append((f.trace_id, f.request_id) if f.arm == "candidate" else (other[2], other[3]))
         return self._score(pairs, trace)
 
-    def add_aa_pair(self, first_ids, second_ids) -> None:
+    def add_aa_pair(self, first_ids: list[int] | str | None, second_ids: list[int] | str | None) -> None:
         """One baseline-vs-baseline pair; re-learns the A/A rate at aa_min_pairs, then at each doubling."""
         self.aa_pairs += 1
         self.aa_mismatches += int(first_ids != second_ids)
