@@ -18,7 +18,7 @@ from vllm_lookahead.gate.cli import main as gate_main
 from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunResult
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, EvalItem, EvalSetError, load_eval_set
 from vllm_lookahead.gate.policy import PolicyError, load_policy, validate
-from vllm_lookahead.gate.report import markdown_summary, write_report
+from vllm_lookahead.gate.report import _sampled_table, markdown_summary, write_report
 from vllm_lookahead.gate.sandbox import run_python
 
 pytestmark = pytest.mark.unit
@@ -291,6 +291,8 @@ def test_sampled_criterion_judges_pit_and_likelihood_shift(pit_power: float, shi
     assert conf["shift"]["ci_low"] < shift < conf["shift"]["ci_high"]
     assert conf["pit_baseline_control"]["p_value"] > 0.01
     assert (res["failed"] == ["sampled"]) == (verdict == "FAIL")
+    table = "\n".join(_sampled_table(res))
+    assert "mean token log-prob" in table and "Likelihood shift" in table
     cand.sampled.scores = None  # samples that were never scored cannot pass
     res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0"])
     assert res["failed"] == ["sampled"] and "not scored" in res["criteria"][4]["detail"]

@@ -170,6 +170,18 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
             "p_values": tests, "p_adjusted": dict(zip(tests, adj)), "rates": rates, "conformance": conf}
 
 
+def sampled_passes(sampled: dict[str, Any], alpha: float) -> tuple[float, bool]:
+    """(smallest adjusted p, pass?) of the ``sampled`` criterion: every adjusted p >= alpha, the samples
+    were scored, and the candidate has no more out-of-support tokens than the baseline arm (under
+    plain sampling any is impossible)."""
+    minp = min(sampled["p_adjusted"].values())
+    conf = sampled["conformance"]
+    if not conf["scored"]:
+        return minp, False
+    oos = conf["out_of_support"]
+    return minp, minp >= alpha and oos["candidate"] <= oos["baseline"]
+
+
 def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[str, Any],
             classifiers: list[Any], latency_ids: list[str]) -> dict[str, Any]:
     """All measurements, every criterion with value / threshold / pass, and the verdict."""
@@ -276,14 +288,12 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         criteria.append(_crit("sampled", None, "T>0 run switched off (samples_per_item: 0)", None,
                               bool(c["required"]), "no T>0 samples: the T>0 distribution is not checked"))
     else:
-        minp = min(sampled["p_adjusted"].values())
+        minp, ok = sampled_passes(sampled, c["alpha"])
         conf = sampled["conformance"]
-        ok = minp >= c["alpha"]
         if not conf["scored"]:
-            ok, extra = False, "T>0 samples were not scored under the baseline model; "
+            extra = "T>0 samples were not scored under the baseline model; "
         else:
             oos = conf["out_of_support"]
-            ok = ok and oos["candidate"] <= oos["baseline"]
             sh, lp = conf["shift"], conf["mean_token_logprob"]
             extra = (f"mean token log-prob {lp['baseline']:.4f} -> {lp['candidate']:.4f} nats, shift "
                      f"{sh['effect']:+.4f} [{sh['ci_low']:+.4f}, {sh['ci_high']:+.4f}] nats/token; PIT (AD) "

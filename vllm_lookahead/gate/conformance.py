@@ -8,7 +8,8 @@ engine; ``vllm_lookahead.vllm.prompt_scores`` hands back the full raw log-prob r
 position, and ``quality_sidecar.detectors.conformance.score_full`` turns it into the raw token
 log-probs and randomized PIT values of that sample under the sampler the request asked for.
 
-Samples go in chunks (``chunk`` samples: at most ``chunk x max_tokens x vocab x 4`` bytes of rows are
+The scoring engine should have prefix caching on (``run.score_samples`` starts one that does): the
+prompt of an item is shared by all its samples in both arms and is computed once.  Samples go in chunks (``chunk`` samples: at most ``chunk x max_tokens x vocab x 4`` bytes of rows are
 alive at once), and rows are dropped as soon as their sample is scored.
 """
 
@@ -39,8 +40,20 @@ def score_runs(llm: Any, runs: list[RunResult], temperature: float, *, chunk: in
     from vllm_lookahead.vllm.prompt_scores import scoring
 
     params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    sp = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    # detokenize=False: with a prefix-cache hit vLLM leaves the prompt log-probs of the cached
+    # positions uninitialised (garbage ids), which must not reach the tokenizer
+    cached = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                            skip_reading_prefix_cache=False)
+    fresh = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                           skip_reading_prefix_cache=True)
     t_all = time.perf_counter()
+    # Prime the prefix cache (if the engine has one) with every distinct prompt once: all samples of
+    # an item, in both arms, share it, so scoring then computes little more than the output tokens.
+    prompts = {tuple(r.prompt_token_ids) for run in runs for r in run.records if r.prompt_token_ids}
+    if prompts:
+        llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                     SamplingParams(temperature=0.0, max_tokens=1, detokenize=False), use_tqdm=False)
+    prime_s = time.perf_counter() - t_all
     for run in runs:
         t0 = time.perf_counter()
         rng = np.random.default_rng([seed, zlib.crc32(run.name.encode())])
@@ -56,12 +69,21 @@ def score_runs(llm: Any, runs: list[RunResult], temperature: float, *, chunk: in
                         raise ValueError(f"record {r.item_id}/{r.sample} has no prompt_token_ids: cannot score it")
                     want[tuple(r.prompt_token_ids) + tuple(r.token_ids)] = len(r.token_ids)
             with scoring(want) as stash:
-                outs = llm.generate([TokensPrompt(prompt_token_ids=list(key)) for key in want], sp,
-                                    use_tqdm=False) if want else []
+                keys = list(want)
+                outs = dict(zip(keys, llm.generate([TokensPrompt(prompt_token_ids=list(k)) for k in keys], cached,
+                                                   use_tqdm=False))) if keys else {}
+                # a cache hit that reaches into the output tokens (two samples sharing a full block of
+                # output) leaves rows unfilled: those few go again without reading the cache
+                again = [k for k in keys if k not in stash or np.isnan(stash[k]).any()]
+                for k in again:
+                    stash.pop(k, None)
+                if again:
+                    outs.update(zip(again, llm.generate([TokensPrompt(prompt_token_ids=list(k)) for k in again],
+                                                        fresh, use_tqdm=False)))
                 # cross-check on every sample: the stashed row at the sampled token must equal the
                 # log-prob vLLM itself returns for it (catches a slicing change in a vLLM upgrade)
-                for key, out in zip(want, outs):
-                    rows, n_out = stash.get(key), want[key]
+                for key in keys:
+                    rows, n_out, out = stash.get(key), want[key], outs[key]
                     if rows is None:
                         continue
                     for j in range(n_out):
@@ -85,6 +107,6 @@ def score_runs(llm: Any, runs: list[RunResult], temperature: float, *, chunk: in
                                    "mean_logprob": sc.mean_logprob, "pit": [float(x) for x in sc.pit],
                                    "out_of_support": int(sc.out_of_support)})
         run.scores = scores
-        run.scoring_s = time.perf_counter() - t0
+        run.scoring_s = time.perf_counter() - t0 + prime_s / len(runs)
         run.scoring_check = worst
     return time.perf_counter() - t_all

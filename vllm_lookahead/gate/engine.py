@@ -108,8 +108,9 @@ def _record(item_id: str, sample: int, out: Any) -> RequestRecord:
 class GateEngine:
     """Context manager around one ``vllm.LLM`` with one decoder; shuts the engine down on exit."""
 
-    def __init__(self, opts: EngineOptions, spec: DecoderSpec):
-        self.opts, self.spec = opts, spec
+    def __init__(self, opts: EngineOptions, spec: DecoderSpec, prefix_caching: bool = False):
+        # prefix caching stays off for the measured arms (timings, A/A); the T>0 scorer turns it on
+        self.opts, self.spec, self.prefix_caching = opts, spec, prefix_caching
         self.llm: Any = None
 
     def __enter__(self) -> GateEngine:
@@ -120,7 +121,7 @@ class GateEngine:
 
         kwargs: dict[str, Any] = dict(
             model=str(self.opts.model), dtype=self.opts.dtype, seed=self.opts.seed,
-            distributed_executor_backend="uni", enable_prefix_caching=False, disable_log_stats=False,
+            distributed_executor_backend="uni", enable_prefix_caching=self.prefix_caching, disable_log_stats=False,
             **self.spec.engine_kwargs())
         if self.opts.max_model_len:
             kwargs["max_model_len"] = self.opts.max_model_len
@@ -219,13 +220,9 @@ class ArmRuns:
 
 def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, name: str,
             sequential_items: list[EvalItem] | None, samples: int = 0, temperature: float = 0.8,
-            aa_batch_size: int | None = None, score: list[RunResult] | None = None) -> ArmRuns:
+            aa_batch_size: int | None = None) -> ArmRuns:
     """Start an engine for ``spec``; run greedy batched, the optional A/A pass (all items at
-    ``aa_batch_size``), the batch-1 latency subset and the T>0 samples; shut the engine down.
-
-    ``score`` (only with ``spec`` = none, i.e. a baseline engine): before shutting down, score this
-    arm's T>0 samples and those runs under this engine (``gate.conformance``), which saves starting a
-    separate scoring engine."""
+    ``aa_batch_size``), the batch-1 latency subset and the T>0 samples; shut the engine down."""
     if not Path(opts.model).is_dir():
         raise FileNotFoundError(f"model directory {opts.model} not found")
     t0 = time.perf_counter()
@@ -236,8 +233,4 @@ def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, na
         seq = eng.run_chunked(f"{name} latency", sequential_items) if sequential_items else None
         sampled = eng.run_batch(f"{name} T={temperature}", items, temperature=temperature,
                                 samples=samples) if samples > 0 else None
-        if score is not None:
-            if spec.speculative:
-                raise ValueError("T>0 samples are scored by an engine without speculation")
-            eng.score([r for r in [sampled, *score] if r is not None], temperature)
     return ArmRuns(greedy, seq, sampled, startup, aa)

@@ -33,6 +33,28 @@ def criteria_table(result: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def _sampled_table(result: dict[str, Any]) -> list[str]:
+    """T>0 samples scored under the baseline model: what the ``sampled`` criterion rests on."""
+    sm = result.get("sampled") or {}
+    conf = sm.get("conformance") or {}
+    if not conf.get("scored"):
+        return []
+    lp, mp, oos, sc = conf["mean_token_logprob"], conf["mean_pit"], conf["out_of_support"], conf["scoring_s"]
+    sh = conf["shift"]
+    return ["", f"| T={sm['temperature']} samples under the baseline model | baseline | candidate |", "|---|---|---|",
+            f"| samples / tokens | {sm['n_baseline']} / {conf['tokens']['baseline']} | "
+            f"{sm['n_candidate']} / {conf['tokens']['candidate']} |",
+            f"| mean token log-prob (nats) | {_fmt(lp['baseline'])} | {_fmt(lp['candidate'])} |",
+            f"| mean PIT u (0.5 if exact) | {_fmt(mp['baseline'])} | {_fmt(mp['candidate'])} |",
+            f"| PIT Anderson-Darling p (baseline = A/A control) | {_fmt(conf['pit_baseline_control']['p_value'])} | "
+            f"{_fmt(conf['pit_candidate']['p_value'])} |",
+            f"| out-of-support tokens | {oos['baseline']} | {oos['candidate']} |",
+            f"| scoring time (s) | {_fmt(sc['baseline'])} | {_fmt(sc['candidate'])} |",
+            "", f"Likelihood shift candidate - baseline: {sh['effect']:+.4f} nats/token, 95% CI "
+            f"[{sh['ci_low']:+.4f}, {sh['ci_high']:+.4f}], p={sh['p_value']:.3g} "
+            f"({'paired over ' + str(sh['n_pairs']) + ' prompts' if sh['paired'] else 'unpaired'})."]
+
+
 def markdown_summary(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lat = result["latency"]
@@ -45,6 +67,7 @@ def markdown_summary(result: dict[str, Any]) -> str:
     for r in result["pass_rate"]["per_task"]:
         lines.append(f"| {r['task']} | {r['n']} | {r['base_rate']:.3f} | {r['cand_rate']:.3f} | {r['delta']:+.3f} "
                      f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['p_adjusted']:.3g} |")
+    lines += _sampled_table(result)
     b, c = lat["baseline"], lat["candidate"]
     lines += ["", "| latency | baseline | candidate |", "|---|---|---|",
               f"| tokens/s, batch 1 | {_fmt(b.get('seq_tokens_per_s'))} | {_fmt(c.get('seq_tokens_per_s'))} |",

@@ -63,14 +63,13 @@ def latency_items(inp: GateInputs) -> list[EvalItem]:
     return inp.items[: inp.policy["runs"]["latency_items"]]
 
 
-def run_baseline(inp: GateInputs, score: list[RunResult] | None = None) -> ArmRuns:
+def run_baseline(inp: GateInputs) -> ArmRuns:
     """Baseline arm: greedy batched, the A/A partner (every item at ``runs.aa_batch_size``), the
-    batch-1 latency subset, optional T>0 samples.  ``score``: T>0 runs to score under this engine
-    (its own samples included); needs a baseline without speculation."""
+    batch-1 latency subset, optional T>0 samples."""
     s = inp.policy["criteria"]["sampled"]
     return run_arm(opts_for(inp), inp.baseline, inp.items, name="baseline", sequential_items=latency_items(inp),
                    samples=s["samples_per_item"], temperature=s["temperature"],
-                   aa_batch_size=inp.policy["runs"]["aa_batch_size"], score=score)
+                   aa_batch_size=inp.policy["runs"]["aa_batch_size"])
 
 
 def run_candidate(inp: GateInputs) -> ArmRuns:
@@ -80,11 +79,14 @@ def run_candidate(inp: GateInputs) -> ArmRuns:
 
 
 def score_samples(inp: GateInputs, runs: list[RunResult | None]) -> float:
-    """Score T>0 runs under a fresh engine without speculation (same model, dtype, seed); seconds."""
+    """Score T>0 runs under a fresh engine without speculation (same model, dtype, seed); seconds.
+
+    A separate engine, not the baseline arm's, because it runs with prefix caching (each prompt is
+    computed once for all its samples in both arms) while the measured arms must not."""
     todo = [r for r in runs if r is not None]
     if not todo:
         return 0.0
-    with GateEngine(opts_for(inp), parse_spec("none")) as eng:
+    with GateEngine(opts_for(inp), parse_spec("none"), prefix_caching=True) as eng:
         return eng.score(todo, inp.policy["criteria"]["sampled"]["temperature"])
 
 
@@ -103,7 +105,8 @@ def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[An
         "run_wall_s": {"baseline_batch": base.greedy.wall_s, "candidate_batch": cand.greedy.wall_s,
                        "aa": base.aa.wall_s if base.aa else None,
                        "baseline_sequential": base.sequential.wall_s if base.sequential else None,
-                       "candidate_sequential": cand.sequential.wall_s if cand.sequential else None}}
+                       "candidate_sequential": cand.sequential.wall_s if cand.sequential else None,
+                       "scoring": sum(r.scoring_s or 0 for r in (base.sampled, cand.sampled) if r is not None)}}
     paths: dict[str, Path] = {}
     if report_dir is not None:
         runs = {"baseline": {k: (v.to_json() if v is not None else None) for k, v in
@@ -118,13 +121,7 @@ def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[An
 def run_gate(inp: GateInputs, report_dir: Path | None) -> tuple[dict[str, Any], dict[str, Path]]:
     classifiers = preflight(inp)
     t0 = time.perf_counter()
-    if inp.policy["criteria"]["sampled"]["samples_per_item"] > 0 and not inp.baseline.speculative:
-        # the baseline engine (no speculation) doubles as the T>0 scorer: candidate first, then the
-        # baseline scores both arms' samples before it shuts down (one engine start saved)
-        cand = run_candidate(inp)
-        base = run_baseline(inp, score=[cand.sampled] if cand.sampled else [])
-    else:
-        base = run_baseline(inp)
-        cand = run_candidate(inp)
-        score_samples(inp, [base.sampled, cand.sampled])
+    base = run_baseline(inp)
+    cand = run_candidate(inp)
+    score_samples(inp, [base.sampled, cand.sampled])
     return evaluate(inp, base, cand, classifiers, report_dir, time.perf_counter() - t0)
