@@ -7,9 +7,10 @@ baseline vLLM server answers (``prompt_logprobs=K``, K = 20 by default = vLLM's 
      temperature of draft positions scaled; vLLM's original CPU expand kernel, the real bug);
   2. each stream scored under the baseline model (a separate no-speculation engine of the stream's
      dtype: the sampler and the scorer are different engines, as in production);
-  3. per stream: mean token log-prob and its shift vs the float32 no-speculation stream (nats/token),
-     PIT statistics (Anderson-Darling p of all tokens, mean per-sample z), tokens skipped by top-K
-     coarsening;
+  3. per stream: the fault size as the mean excess log-prob per token (log p(y) - E_sampler[log p],
+     0 under exact sampling; from full rows, a low-variance estimate), the mean token log-prob and its
+     shift vs the float32 no-speculation stream (paired by prompt; noisy), PIT statistics
+     (Anderson-Darling p of all tokens), tokens skipped by top-K coarsening;
   4. the sidecar's chart (``PitCusum`` with the sidecar's default ERT and shift) on streams resampled
      from the real scored samples: samples to the first alarm (median, p90 over bootstrap orders) for
      every faulty stream; for every exact stream the alarms on the recorded stream and false alarms
@@ -82,18 +83,32 @@ def generate(model: str, spec_text: str, dtype: str, prompts: list[str], args: a
     return rows
 
 
-def score(model: str, dtype: str, rows: list[dict], k: int) -> list[dict]:
-    """Top-K raw log-probs of every output position, from a no-speculation engine (prompt_logprobs)."""
+def score(model: str, dtype: str, rows: list[dict], k: int, params: Any) -> list[dict]:
+    """Top-K raw log-probs of every output position, from a no-speculation engine (prompt_logprobs),
+    and, from the full rows of the same pass (``vllm_lookahead.vllm.prompt_scores``), each token's
+    excess log-prob (log p(y) - E_sampler[log p]: the fault size in nats/token, see
+    ``detectors.conformance.excess_logprob``).  The sidecar itself only ever sees the top K."""
     from vllm import SamplingParams
 
+    from quality_sidecar.detectors.conformance import excess_logprob
     from vllm_lookahead.decoders import parse_spec
     from vllm_lookahead.engine import make_llm
+    from vllm_lookahead.vllm.prompt_scores import scoring
 
     llm = make_llm(model, parse_spec("none"), dtype=dtype, seed=0, max_model_len=1024, max_num_seqs=32,
                    extra={"max_logprobs": max(20, k)})
     sp = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=k)
     todo = [r for r in rows if r["output_ids"]]
-    outs = llm.generate([{"prompt_token_ids": r["prompt_ids"] + r["output_ids"]} for r in todo], sp)
+    outs = []
+    for c0 in range(0, len(todo), 128):  # bounded memory: 128 samples of full rows at a time
+        part = todo[c0:c0 + 128]
+        want = {tuple(r["prompt_ids"] + r["output_ids"]): len(r["output_ids"]) for r in part}
+        with scoring(want) as stash:
+            outs += llm.generate([{"prompt_token_ids": r["prompt_ids"] + r["output_ids"]} for r in part], sp,
+                                 use_tqdm=False)
+            for r in part:
+                full = stash[tuple(r["prompt_ids"] + r["output_ids"])]
+                r["excess"] = excess_logprob(full, r["output_ids"], params).tolist()
     for r, o in zip(todo, outs):
         n_out = len(r["output_ids"])
         plp = o.prompt_logprobs[-n_out:]
@@ -120,10 +135,24 @@ def conformance(rows: list[dict], temperature: float, top_p: float, vocab: int, 
             continue
         s = score_topk(np.array(r["top_ids"]), np.array(r["top_lp"], float), r["output_ids"], r["tok_lp"],
                        params, rng, vocab_size=vocab)
-        per.append({"prompt_index": r["prompt_index"], "mean_lp": s.mean_logprob,
+        per.append({"prompt_index": r["prompt_index"], "mean_lp": s.mean_logprob, "excess": r.get("excess", []),
                     "pit": s.pit, "n": s.n_tokens, "skipped": s.skipped, "oos": s.out_of_support,
                     "finish": r["finish_reason"]})
     return {"samples": per}
+
+
+def _excess_summary(per: list[dict]) -> dict[str, Any]:
+    """Fault size: mean excess log-prob per token (0 under exact sampling), with a 95% CI from a
+    bootstrap over samples (tokens of one sample are not independent)."""
+    ex = [np.asarray(p["excess"], float) for p in per if len(p["excess"])]
+    if not ex:
+        return {}
+    sums, counts = np.array([e.sum() for e in ex]), np.array([len(e) for e in ex], float)
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, len(ex), size=(2000, len(ex)))
+    boot = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
+    return {"excess_logprob_nats_per_token": float(sums.sum() / counts.sum()),
+            "excess_logprob_ci95": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))]}
 
 
 def bootstrap_delay(pits: list[np.ndarray], chart_kw: dict, n_streams: int, limit: int, seed: int) -> dict[str, Any]:
@@ -200,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from quality_sidecar.conformance import ConformanceConfig
-    from quality_sidecar.detectors.conformance import pit_test
+    from quality_sidecar.detectors.conformance import SamplerParams, likelihood_shift, pit_test
     from vllm_lookahead.devtools.paths import demo_model_dir
     from vllm_lookahead.prompts import load_heldout_prompts
 
@@ -212,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     flat = [parse_arm(a) for a in args.arms.split(";") if a.strip()]
+    params = SamplerParams(args.temperature, top_p=args.top_p)
     t_start = time.time()
     streams: dict[str, dict[str, Any]] = {}
     for name, spec, dtype in flat:
@@ -221,11 +251,14 @@ def main(argv: list[str] | None = None) -> int:
         cache = work / f"{name}-{key}.json"
         if cache.exists():
             rows = json.loads(cache.read_text())
+            if any(r["output_ids"] and "excess" not in r for r in rows):  # cached before excess existed
+                rows = score(model, dtype, rows, args.top_logprobs, params)
+                cache.write_text(json.dumps(rows))
         else:
             t0 = time.time()
             rows = generate(model, spec, dtype, prompts, args)
             tg = time.time() - t0
-            rows = score(model, dtype, rows, args.top_logprobs)
+            rows = score(model, dtype, rows, args.top_logprobs, params)
             print(f"[{name}] generated in {tg:.0f} s, scored in {time.time() - t0 - tg:.0f} s", file=sys.stderr)
             cache.write_text(json.dumps(rows))
         streams[name] = {"spec": spec, "dtype": dtype, **conformance(rows, args.temperature, args.top_p, vocab,
@@ -246,13 +279,21 @@ def main(argv: list[str] | None = None) -> int:
             "at_max_tokens_fraction": float(np.mean([p["finish"] == "length" for p in per])),
             "mean_token_logprob_nats": float(lp.mean()), "pit_mean_u": float(u.mean()) if len(u) else None,
             "pit_anderson_darling_p": pt.pvalue, "pit_test_detail": pt.detail,
+            **_excess_summary(per),
         }
         if ref is not None and name != args.reference_arm:
-            rlp = np.array([p["mean_lp"] for p in ref["samples"]])
-            d = lp.mean() - rlp.mean()
-            se = math.sqrt(lp.var(ddof=1) / len(lp) + rlp.var(ddof=1) / len(rlp))
-            entry["logprob_shift_vs_reference_nats_per_token"] = float(d)
-            entry["logprob_shift_ci95"] = [float(d - 1.96 * se), float(d + 1.96 * se)]
+            # paired by prompt (same prompts, same number of samples per prompt in every arm)
+            def by_prompt(samples: list[dict]) -> dict[int, list[float]]:
+                out: dict[int, list[float]] = {}
+                for p in samples:
+                    out.setdefault(p["prompt_index"], []).append(p["mean_lp"])
+                return out
+
+            sh = likelihood_shift(by_prompt(ref["samples"]), by_prompt(per), n_flips=5000)
+            entry["logprob_shift_vs_reference_nats_per_token"] = sh.effect
+            entry["logprob_shift_ci95"] = [sh.ci_low, sh.ci_high]
+            entry["logprob_shift_p"] = sh.pvalue
+            entry["logprob_shift_paired_prompts"] = sh.n_pairs
         exact = not st["spec"].startswith("custom:")
         entry["exact_decoder"] = exact
         if exact:

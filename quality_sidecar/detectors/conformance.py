@@ -264,6 +264,44 @@ def score_full(logprob_rows: np.ndarray, token_ids: Sequence[int], params: Sampl
     return score_topk(ids, rows, tok, tok_lp, params, rng, vocab_size=vocab)
 
 
+def sampler_probs(logprob_rows: np.ndarray, params: SamplerParams) -> np.ndarray:
+    """The sampler's distribution [n, vocab] from full raw log-prob rows (vLLM 0.32's order:
+    temperature, min-p, top-k, top-p; ties at the top-k / top-p boundary kept, as vLLM does)."""
+    a = np.asarray(logprob_rows, np.float64) / params.temperature
+    a = a - a.max(axis=1, keepdims=True)
+    if params.min_p > 0:
+        a = np.where(a >= math.log(params.min_p), a, NEG_INF)
+    if params.top_k > 0 and params.top_k < a.shape[1]:
+        kth = -np.partition(-a, params.top_k - 1, axis=1)[:, params.top_k - 1:params.top_k]
+        a = np.where(a >= kth, a, NEG_INF)
+    p = np.exp(a)
+    p /= p.sum(axis=1, keepdims=True)
+    if params.top_p < 1.0:
+        order = np.argsort(-p, axis=1, kind="stable")
+        ps = np.take_along_axis(p, order, axis=1)
+        above = np.cumsum(ps, axis=1) - ps
+        keep = np.zeros_like(p, bool)
+        np.put_along_axis(keep, order, above < params.top_p, axis=1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=1, keepdims=True)
+    return p
+
+
+def excess_logprob(logprob_rows: np.ndarray, token_ids: Sequence[int], params: SamplerParams) -> np.ndarray:
+    """Per token: log p(y) - E_{y' ~ sampler}[log p(y')] (raw model log-probs, nats).
+
+    Mean 0 under exact sampling, whatever the position's entropy, so its mean over a stream is a
+    low-variance estimate of a decoder's log-prob shift in nats/token (the raw mean log-prob mixes in
+    how uncertain each position is).  Needs full rows; the benchmarks use it to size faults."""
+    rows = np.asarray(logprob_rows, np.float64)
+    tok = np.asarray(token_ids, np.int64)
+    if len(tok) == 0:
+        return np.zeros(0)
+    q = sampler_probs(rows, params)
+    expected = np.where(q > 0, q * rows, 0.0).sum(axis=1)
+    return rows[np.arange(len(tok)), tok] - expected
+
+
 # --- batch tests ------------------------------------------------------------------------------------
 
 def _adinf(z: float) -> float:

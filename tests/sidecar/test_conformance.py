@@ -30,6 +30,11 @@ V = 300
 
 def _vllm_sample(lp: np.ndarray, p: SamplerParams, rng: np.random.Generator, fault_t: float = 1.0) -> int:
     """One token as vLLM samples it (the reference implementation the scorer must agree with)."""
+    q = _vllm_probs(lp, p, fault_t)
+    return int(rng.choice(len(lp), p=q))
+
+
+def _vllm_probs(lp: np.ndarray, p: SamplerParams, fault_t: float = 1.0) -> np.ndarray:
     a = lp / (p.temperature * fault_t)
     prob = np.exp(a - a.max())
     prob /= prob.sum()
@@ -48,7 +53,24 @@ def _vllm_sample(lp: np.ndarray, p: SamplerParams, rng: np.random.Generator, fau
         nucleus[order] = above < p.top_p
         q = np.where(nucleus, q, 0.0)
         q /= q.sum()
-    return int(rng.choice(len(lp), p=q))
+    return q
+
+
+@pytest.mark.parametrize("params", [SamplerParams(1.0), SamplerParams(0.7, top_p=0.9),
+                                    SamplerParams(1.2, top_k=40, top_p=0.8, min_p=0.02)], ids=str)
+def test_sampler_probs_and_excess_logprob(params: SamplerParams) -> None:
+    from quality_sidecar.detectors.conformance import excess_logprob, sampler_probs
+
+    rng = np.random.default_rng(12)
+    logits = rng.standard_normal((4000, V)) * 2.5
+    lp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    q = sampler_probs(lp, params)
+    np.testing.assert_allclose(q[:50], np.array([_vllm_probs(row, params) for row in lp[:50]]), atol=1e-12)
+    exact = np.array([rng.choice(V, p=row) for row in q])
+    sharper = np.array([rng.choice(V, p=_vllm_probs(row, params, 0.8)) for row in lp])
+    e0, e1 = excess_logprob(lp, exact, params), excess_logprob(lp, sharper, params)
+    assert abs(e0.mean()) < 4 * e0.std() / math.sqrt(len(e0))  # 0 under exact sampling
+    assert e1.mean() > 8 * e1.std() / math.sqrt(len(e1))  # a sharper sampler draws likelier tokens
 
 
 def _stream(p: SamplerParams, n: int, seed: int, fault_t: float = 1.0):
