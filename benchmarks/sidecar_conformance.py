@@ -83,7 +83,7 @@ def generate(model: str, spec_text: str, dtype: str, prompts: list[str], args: a
     return rows
 
 
-def score(model: str, dtype: str, rows: list[dict], k: int, params: Any) -> list[dict]:
+def score(model: str, dtype: str, rows: list[dict], k: int, params: Any, llm: Any = None) -> list[dict]:
     """Top-K raw log-probs of every output position, from a no-speculation engine (prompt_logprobs),
     and, from the full rows of the same pass (``vllm_lookahead.vllm.prompt_scores``), each token's
     excess log-prob (log p(y) - E_sampler[log p]: the fault size in nats/token, see
@@ -95,8 +95,10 @@ def score(model: str, dtype: str, rows: list[dict], k: int, params: Any) -> list
     from vllm_lookahead.engine import make_llm
     from vllm_lookahead.vllm.prompt_scores import scoring
 
-    llm = make_llm(model, parse_spec("none"), dtype=dtype, seed=0, max_model_len=1024, max_num_seqs=32,
-                   extra={"max_logprobs": max(20, k)})
+    own = llm is None
+    if own:
+        llm = make_llm(model, parse_spec("none"), dtype=dtype, seed=0, max_model_len=1024, max_num_seqs=32,
+                       extra={"max_logprobs": max(20, k)})
     sp = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=k)
     todo = [r for r in rows if r["output_ids"]]
     outs = []
@@ -120,7 +122,8 @@ def score(model: str, dtype: str, rows: list[dict], k: int, params: Any) -> list
             top_lp.append([v for _, v in tops] + [-math.inf] * (k - len(tops)))
             tok_lp.append(d[tok].logprob)
         r["top_ids"], r["top_lp"], r["tok_lp"] = top_ids, top_lp, tok_lp
-    _close(llm)
+    if own:
+        _close(llm)
     return rows
 
 
@@ -244,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplerParams(args.temperature, top_p=args.top_p)
     t_start = time.time()
     streams: dict[str, dict[str, Any]] = {}
+    rescorers: dict[str, Any] = {}
     for name, spec, dtype in flat:
         key = hashlib.sha1(json.dumps([spec, dtype, args.prompts, args.samples_per_prompt, args.max_tokens,
                                        args.temperature, args.top_p, args.top_logprobs, args.seed, model]).encode()
@@ -252,9 +256,19 @@ def main(argv: list[str] | None = None) -> int:
         if cache.exists():
             rows = json.loads(cache.read_text())
             if any(r["output_ids"] and "excess" not in r for r in rows):  # cached before excess existed
-                rows = score(model, dtype, rows, args.top_logprobs, params)
+                if dtype not in rescorers:
+                    from vllm_lookahead.decoders import parse_spec
+                    from vllm_lookahead.engine import make_llm
+
+                    for other in list(rescorers):  # one scoring engine alive at a time
+                        _close(rescorers.pop(other))
+                    rescorers[dtype] = make_llm(model, parse_spec("none"), dtype=dtype, seed=0, max_model_len=1024,
+                                                max_num_seqs=32, extra={"max_logprobs": max(20, args.top_logprobs)})
+                rows = score(model, dtype, rows, args.top_logprobs, params, llm=rescorers[dtype])
                 cache.write_text(json.dumps(rows))
         else:
+            for other in list(rescorers):
+                _close(rescorers.pop(other))
             t0 = time.time()
             rows = generate(model, spec, dtype, prompts, args)
             tg = time.time() - t0
@@ -263,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             cache.write_text(json.dumps(rows))
         streams[name] = {"spec": spec, "dtype": dtype, **conformance(rows, args.temperature, args.top_p, vocab,
                                                                       args.seed)}
+    for other in list(rescorers):
+        _close(rescorers.pop(other))
     ref = streams.get(args.reference_arm)
     out_arms = []
     for name, st in streams.items():
