@@ -4,7 +4,8 @@
   CI of the pass-rate delta (items resampled together, so the pairing is kept);
 * many tasks -> Holm (default), Benjamini-Hochberg or Bonferroni adjusted p-values;
 * T=0 token streams -> exact-match rate and first-divergence position, judged against the A/A rate;
-* T>0 samples -> two-sample tests on sequence features (length: KS; rates: Fisher exact);
+* T>0 samples -> two-sample tests on sequence features (rates: Fisher exact; length: the sidecar's
+  tie-corrected Mann-Whitney, called from analysis) next to the likelihood tests (gate.conformance);
 * minimum detectable effect of a McNemar test (Connor 1987) for a given size and discordance.
 """
 
@@ -115,14 +116,6 @@ def fisher_two_sided_p(k1: int, n1: int, k2: int, n2: int) -> float:
     if n1 == 0 or n2 == 0:
         return 1.0
     return float(stats.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue)
-
-
-def ks_p(a: Sequence[float], b: Sequence[float]) -> float:
-    if len(a) == 0 or len(b) == 0:
-        return 1.0
-    if np.array_equal(np.sort(a), np.sort(b)):
-        return 1.0
-    return float(stats.ks_2samp(a, b).pvalue)
 
 
 def quantiles(xs: Sequence[float | None]) -> dict[str, float | None]:
