@@ -55,7 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_lookahead.gate import stats
     from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
     from vllm_lookahead.gate.policy import load_policy
-    from vllm_lookahead.gate.run import GateInputs, evaluate, preflight, run_baseline, run_candidate
+    from vllm_lookahead.gate.run import (
+        GateInputs,
+        evaluate,
+        preflight,
+        run_baseline,
+        run_candidate,
+        score_samples,
+    )
 
     pol = load_policy()
     items = load_eval_set(DEFAULT_EVAL_SET, limit=args.limit)
@@ -67,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     t1 = time.perf_counter()
     cand = run_candidate(inp)
     t2 = time.perf_counter()
-    result, _paths = evaluate(inp, base, cand, clfs, Path(args.report), t2 - t0)
+    score_s = score_samples(inp, [base.sampled, cand.sampled])  # T>0 scoring, as run_gate does
+    t2s = time.perf_counter()
+    result, _paths = evaluate(inp, base, cand, clfs, Path(args.report), t2s - t0)
     t3 = time.perf_counter()
 
     n = len(items)
@@ -88,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model, "baseline": args.baseline, "candidate": args.candidate, "n_items": n,
         "verdict": result["verdict"], "failed": result["failed"],
         "wall_s": {"total_gate": t3 - t0, "baseline_arm": t1 - t0, "candidate_arm": t2 - t1,
-                   "analysis_and_report": t3 - t2, "engine_start_baseline": base.startup_s,
+                   "t_above_0_scoring_with_engine_start": t2s - t2, "t_above_0_scoring": score_s,
+                   "analysis_and_report": t3 - t2s, "engine_start_baseline": base.startup_s,
                    "engine_start_candidate": cand.startup_s, **result["meta"]["run_wall_s"],
                    "baseline_sampled": base.sampled.wall_s if base.sampled else None,
                    "candidate_sampled": cand.sampled.wall_s if cand.sampled else None},
