@@ -185,6 +185,8 @@ class ScoringWorker:
             except Exception as e:  # noqa: BLE001 - a flaky baseline must not stop the sidecar
                 self.counts["failed"] += 1
                 log.warning("conformance scoring failed: %s", e)
+            finally:
+                self.queue.task_done()
 
     def drain(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted so far is scored (tests, file sources); True if drained."""
@@ -192,8 +194,7 @@ class ScoringWorker:
 
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
-            if self.queue.unfinished_tasks == 0 or (self.queue.empty() and
-                                                    self.counts["scored"] + self.counts["failed"] >= self.counts["submitted"]):
+            if self.queue.unfinished_tasks == 0:  # every submitted sample scored (or failed) and handed on
                 return True
             time.sleep(0.05)
         return False
