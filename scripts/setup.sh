@@ -2,7 +2,7 @@
 # One-command environment for vllm-lookahead, idempotent, from the package registries only.
 #
 #   scripts/setup.sh            # everything: .venv, Kafka jars, helm, kubeconform, Jaeger
-#   scripts/setup.sh venv       # only some steps: venv kafka helm kubeconform jaeger k8s_schemas
+#   scripts/setup.sh venv       # only some steps: venv kafka helm kubeconform jaeger k8s_schemas k8s
 #
 # Tools are cached under $VLLM_LOOKAHEAD_CACHE (default ~/.cache/vllm-lookahead), outside the
 # checkout on purpose: CI runs in a fresh clone, and a cache inside the clone would rebuild Jaeger
@@ -87,7 +87,11 @@ step_k8s_schemas() {
   bash "$ROOT/deploy/scripts/k8s-schemas.sh" "$CACHE/k8s-schemas"
 }
 
+step_k8s() {  # control plane + kwok + etcd + CRDs for the helm_cluster tier (its own script)
+  bash "$ROOT/scripts/setup_k8s.sh"
+}
+
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(venv kafka helm kubeconform jaeger k8s_schemas)
+[[ ${#steps[@]} -gt 0 ]] || steps=(venv kafka helm kubeconform jaeger k8s_schemas k8s)
 for s in "${steps[@]}"; do "step_$s"; done
 log "done. Tools in $BIN, Kafka in $CACHE/kafka-$KAFKA_VERSION, Python in $ROOT/.venv"
