@@ -53,6 +53,16 @@ class FinishedRequest:
     parent: Any = None  # opentelemetry Context or None
     parent_is_remote: bool = False
     error: dict[str, str] | None = None
+    # vLLM's own id for this request when ``request_id`` had to be made globally unique (``vllm.LLM``
+    # numbers requests 0, 1, ... in every process); None when they are the same.
+    engine_request_id: str | None = None
+    choice_index: int | None = None  # index of this sequence among the request's n choices (n > 1)
+
+    @property
+    def decision_id(self) -> str:
+        """The id the sampling decision hashes: vLLM's own id, so that the same request (same id) is
+        sampled or not in every process and replica, whatever prefix made ``request_id`` unique."""
+        return self.engine_request_id or self.request_id
 
     @property
     def is_error(self) -> bool:
@@ -162,11 +172,21 @@ def build_sample(req: FinishedRequest, *, arm: str, release: str | None, instanc
             "token_ids": None if req.output_token_ids is None else list(req.output_token_ids),
             "num_tokens": req.num_output_tokens,
             "finish_reason": req.finish_reason,
+            "stop_reason": stop_reason_value(req.stop_reason),
         },
         "spec": spec_summary(req.spec),
         "error": req.error,
     }
-    if req.stop_reason is not None:
-        sample["output"]["stop_reason"] = req.stop_reason if isinstance(req.stop_reason, (int, str)) \
-            else str(req.stop_reason)
+    if req.choice_index is not None:
+        sample["output"]["index"] = req.choice_index
+    if req.engine_request_id is not None:
+        sample["vllm_request_id"] = req.engine_request_id
     return sample
+
+
+def stop_reason_value(stop_reason: Any) -> int | str | None:
+    """vLLM's stop reason as schema 1.1 carries it: the matched stop string, the stop token id
+    (``stop_token_ids``), or None (EOS, length, abort)."""
+    if stop_reason is None or isinstance(stop_reason, (int, str)):
+        return stop_reason
+    return str(stop_reason)

@@ -86,7 +86,7 @@ class Sampler:
         stats = self.stats
         stats.finished += 1
         cfg = self.config
-        if not should_sample(req.request_id, cfg.sample_rate, is_error=req.is_error,
+        if not should_sample(req.decision_id, cfg.sample_rate, is_error=req.is_error,
                              sample_errors=cfg.sample_errors):
             return False
         stats.sampled += 1

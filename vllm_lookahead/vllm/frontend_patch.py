@@ -20,6 +20,9 @@ All wrappers call the original first or last and never let a telemetry error esc
    the finish hook; report them with finish reason "abort".
 6. ``OutputProcessor.process_outputs`` -- only when stats logging is off (``vllm.LLM`` default:
    ``RequestState.stats`` is None): note the wall-clock time of each request's first token.
+7. ``RequestState.make_request_output`` -- the only call that sees the final ``stop_reason`` (the
+   matched stop string, including one the detokenizer found, or the stop token id; a local of
+   ``process_outputs`` otherwise); keep it for the finish hook.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import logging
 import os
 import random
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,14 +54,32 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _rng.seed(os.urandom(16)))
 
 
+_process_prefix: tuple[int, str] | None = None
+
+
+def process_id_prefix() -> str:
+    """``llm-<16 hex>-``: random per process (new after fork).  ``vllm.LLM`` numbers its requests
+    "0", "1", ... in every process, so two offline jobs writing to one topic would send the same
+    ids and the sidecar's de-duplication would drop one job's samples; the prefix makes them unique."""
+    global _process_prefix
+    pid = os.getpid()
+    if _process_prefix is None or _process_prefix[0] != pid:
+        _process_prefix = (pid, f"llm-{uuid.uuid4().hex[:16]}-")
+    return _process_prefix[1]
+
+
 @dataclass
 class EngineInfo:
     model: str
     decoder: Decoder
+    # prepended to vLLM's request ids in telemetry; "" where vLLM's ids are already unique (the API
+    # server's "cmpl-<uuid>" / "chatcmpl-<uuid>"), process_id_prefix() for LLMEngine (vllm.LLM)
+    id_prefix: str = ""
 
 
 class RequestInfo:
-    __slots__ = ("arrival", "first_token", "sampling", "parent", "parent_remote", "trace_id")
+    __slots__ = ("arrival", "first_token", "sampling", "parent", "parent_remote", "trace_id",
+                 "stop_reason")
 
     def __init__(self, arrival: float, sampling: dict[str, Any], parent: Any, parent_remote: bool,
                  trace_id: int):
@@ -67,6 +89,7 @@ class RequestInfo:
         self.parent = parent
         self.parent_remote = parent_remote
         self.trace_id = trace_id
+        self.stop_reason: Any = None
 
 
 # ---- what we read from vLLM objects --------------------------------------------------------------
@@ -102,12 +125,12 @@ def describe_decoder(vllm_config: Any) -> Decoder:
     return Decoder(method, params, plugin_version, vllm_version)
 
 
-def engine_info(vllm_config: Any) -> EngineInfo:
+def engine_info(vllm_config: Any, id_prefix: str = "") -> EngineInfo:
     mc = vllm_config.model_config
     name = getattr(mc, "served_model_name", None) or getattr(mc, "model", "unknown")
     if isinstance(name, (list, tuple)):
         name = name[0] if name else "unknown"
-    return EngineInfo(model=str(name), decoder=describe_decoder(vllm_config))
+    return EngineInfo(model=str(name), decoder=describe_decoder(vllm_config), id_prefix=id_prefix)
 
 
 def sampling_dict(sp: Any) -> dict[str, Any]:
@@ -169,7 +192,8 @@ def _parent_from(headers: Any) -> tuple[Any, bool, int]:
 
 def finished_request(state: Any, info: EngineInfo, finish_reason: str | None,
                      stop_reason: Any = None, now: float | None = None) -> FinishedRequest:
-    """Snapshot of a finished ``RequestState`` (references only; cheap)."""
+    """Snapshot of a finished ``RequestState`` (references only; cheap).  ``stop_reason`` defaults
+    to the one the ``make_request_output`` hook kept on the state."""
     now = time.time() if now is None else now
     req_info: RequestInfo | None = getattr(state, _ATTR, None)
     stats = state.stats
@@ -189,11 +213,17 @@ def finished_request(state: Any, info: EngineInfo, finish_reason: str | None,
     elif req_info is not None:
         first_token = req_info.first_token
     external = state.external_req_id
-    if state.parent_req is not None:
-        external = f"{external}#{state.request_index}"
+    choice_index = None
+    if state.parent_req is not None:  # one of n > 1 choices: each is reported on its own
+        choice_index = state.request_index
+        external = f"{external}#{choice_index}"
+    if stop_reason is None and req_info is not None:
+        stop_reason = req_info.stop_reason
     trace_id = req_info.trace_id if req_info is not None else 0
     return FinishedRequest(
-        request_id=external,
+        request_id=info.id_prefix + external,
+        engine_request_id=external if info.id_prefix else None,
+        choice_index=choice_index,
         model=state.lora_name or info.model,
         operation=operation_name(state.external_req_id),
         decoder=info.decoder,
@@ -239,7 +269,7 @@ def apply(telemetry: Any) -> None:
                            f"vllm {PINNED_MINOR}")
     cfg = telemetry.config
 
-    def _wrap_engine_init(cls: type) -> None:
+    def _wrap_engine_init(cls: type, unique_ids: bool) -> None:
         orig = cls.__init__
 
         @functools.wraps(orig)
@@ -254,14 +284,15 @@ def apply(telemetry: Any) -> None:
                 logger.warning("could not enable per-request spec-decode metrics", exc_info=True)
             orig(self, *args, **kwargs)
             try:
-                setattr(self.output_processor, _ATTR, engine_info(vllm_config))
+                setattr(self.output_processor, _ATTR,
+                        engine_info(vllm_config, process_id_prefix() if not unique_ids else ""))
             except Exception:  # noqa: BLE001
                 logger.warning("telemetry: could not describe the engine", exc_info=True)
 
         cls.__init__ = __init__
 
-    _wrap_engine_init(AsyncLLM)
-    _wrap_engine_init(LLMEngine)
+    _wrap_engine_init(AsyncLLM, unique_ids=True)  # API server ids: "cmpl-<uuid>", "chatcmpl-<uuid>"
+    _wrap_engine_init(LLMEngine, unique_ids=False)  # vllm.LLM ids: "0", "1", ... in every process
 
     # 2. keep incoming trace headers that vLLM would drop
     orig_async_add = AsyncLLM.add_request
@@ -297,8 +328,13 @@ def apply(telemetry: Any) -> None:
             headers = request.trace_headers or _incoming_trace_headers.get()
             parent, remote, trace_id = _parent_from(headers) if telemetry.wants_trace_ids or headers \
                 else (None, False, 0)
-            setattr(state, _ATTR, RequestInfo(request.arrival_time or time.time(),
-                                              sampling_dict(request.sampling_params),
+            sampling = sampling_dict(request.sampling_params)
+            parent_req = getattr(state, "parent_req", None)
+            if parent_req is not None and sampling:
+                # a child of an n > 1 request carries n=1 (ParentRequest._get_child_sampling_params);
+                # report what the client asked for
+                sampling["n"] = parent_req.n
+            setattr(state, _ATTR, RequestInfo(request.arrival_time or time.time(), sampling,
                                               parent, remote, trace_id))
         except Exception:  # noqa: BLE001
             logger.debug("telemetry add_request hook failed", exc_info=True)
@@ -364,4 +400,21 @@ def apply(telemetry: Any) -> None:
         return orig_process(self, engine_core_outputs, *args, **kwargs)
 
     OutputProcessor.process_outputs = process_outputs
+
+    # 7. the final stop reason (stop string or stop token id)
+    from vllm.v1.engine.output_processor import RequestState
+
+    orig_make_output = RequestState.make_request_output
+
+    @functools.wraps(orig_make_output)
+    def make_request_output(self: Any, new_token_ids: Any, pooling_output: Any, finish_reason: Any,
+                            stop_reason: Any, *args: Any, **kwargs: Any) -> Any:
+        if finish_reason is not None and stop_reason is not None:
+            ri = getattr(self, _ATTR, None)
+            if ri is not None:
+                ri.stop_reason = stop_reason
+        return orig_make_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
+                                *args, **kwargs)
+
+    RequestState.make_request_output = make_request_output
     _applied = True
