@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
-import random
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .detectors.conformance import PitCusum, SamplerParams, SequenceScore, score_topk
+from .workers import BackgroundWorker
 
 log = logging.getLogger(__name__)
 
@@ -140,68 +138,36 @@ class LogprobClient:
         return ids, lps, tok
 
 
-class ScoringWorker:
-    """Background scorer: ``submit(sample)`` (non-blocking) -> ``on_result(sample, SequenceScore)``."""
+class ScoringWorker(BackgroundWorker):
+    """Background scorer: ``submit(sample)`` (non-blocking) -> ``on_result(sample, SequenceScore)``.
+
+    Counts (``counts``): ``submitted``, ``done`` (scored), ``failed``, ``skipped_queue_full``,
+    ``skipped_no_token_ids``; samples that are not plain T>0 (greedy, penalties, logit modifiers)
+    are not selected and not counted.
+    """
+
+    thread_name = "conformance-scorer"
 
     def __init__(self, client: LogprobClient, on_result: Callable[[dict, SequenceScore], None],
                  cfg: ConformanceConfig, vocab_size: int | None = None, seed: int = 0):
         self.client, self.on_result, self.cfg, self.vocab_size = client, on_result, cfg, vocab_size
-        self.queue: queue.Queue = queue.Queue(maxsize=cfg.max_queue)
-        self.rng = random.Random(seed)
         self.np_rng = np.random.default_rng(seed)
-        self.counts = {"submitted": 0, "scored": 0, "skipped_queue_full": 0, "skipped_no_token_ids": 0,
-                       "failed": 0}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="conformance-scorer", daemon=True)
-        self._thread.start()
+        super().__init__(cfg.fraction, cfg.max_queue, seed)
+        self.counts["skipped_no_token_ids"] = 0
 
-    def submit(self, sample: dict[str, Any]) -> bool:
+    def prepare(self, sample: dict[str, Any]) -> Any:
         params = SamplerParams.from_sampling(sample.get("sampling"))
-        if params is None or self.rng.random() >= self.cfg.fraction:
-            return False
+        if params is None:
+            return None
         if not sample.get("prompt_token_ids") or not (sample.get("output") or {}).get("token_ids"):
-            self.counts["skipped_no_token_ids"] += 1
-            return False
-        try:
-            self.queue.put_nowait((sample, params))
-            self.counts["submitted"] += 1
-            return True
-        except queue.Full:
-            self.counts["skipped_queue_full"] += 1
-            return False
+            return "no_token_ids"
+        return sample, params
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sample, params = self.queue.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            try:
-                out = sample["output"]["token_ids"]
-                ids, lps, tok = self.client.score(sample["prompt_token_ids"], out, model=sample.get("model"))
-                s = score_topk(ids, lps, out, tok, params, self.np_rng, vocab_size=self.vocab_size)
-                self.counts["scored"] += 1
-                self.on_result(sample, s)
-            except Exception as e:  # noqa: BLE001 - a flaky baseline must not stop the sidecar
-                self.counts["failed"] += 1
-                log.warning("conformance scoring failed: %s", e)
-            finally:
-                self.queue.task_done()
-
-    def drain(self, timeout_s: float = 30.0) -> bool:
-        """Wait until everything submitted so far is scored (tests, file sources); True if drained."""
-        import time
-
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if self.queue.unfinished_tasks == 0:  # every submitted sample scored (or failed) and handed on
-                return True
-            time.sleep(0.05)
-        return False
-
-    def close(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
+    def handle(self, item: tuple[dict[str, Any], SamplerParams]) -> None:
+        sample, params = item
+        out = sample["output"]["token_ids"]
+        ids, lps, tok = self.client.score(sample["prompt_token_ids"], out, model=sample.get("model"))
+        self.on_result(sample, score_topk(ids, lps, out, tok, params, self.np_rng, vocab_size=self.vocab_size))
 
 
 class ConformanceMonitor:

@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -446,7 +447,7 @@ class Service:
             self.source.seek_line(max(self.offsets.values()))
         self.replay = None
         self.scorer = None
-        self._scorer_reported: dict[str, int] = {}
+        self._reported: dict[tuple[str, str], int] = {}
         self.metrics.conformance_monitored.set(1 if cfg.baseline_url and cfg.conformance.fraction > 0 else 0)
         if cfg.baseline_url and cfg.conformance.fraction > 0:
             from .conformance import LogprobClient, ScoringWorker
@@ -499,16 +500,23 @@ class Service:
             self.http.heartbeat = time.monotonic()
         return len(records)
 
+    def _export_counts(self, worker: str, counts: dict[str, int], counter: Any, wanted: Callable[[str], bool]) -> None:
+        for key, n in counts.items():
+            if wanted(key):
+                seen = self._reported.get((worker, key), 0)
+                if n > seen:
+                    counter.labels(key).inc(n - seen)
+                    self._reported[(worker, key)] = n
+
     def checkpoint(self) -> None:
         """Flush outputs, persist state, then commit: the order that makes crashes harmless."""
         self.pipeline.refresh_gauges()
-        if self.scorer is not None:  # counters follow the worker's own counts (it never touches metrics)
-            for reason, n in self.scorer.counts.items():
-                if reason.startswith("skipped") or reason == "failed":
-                    done = self._scorer_reported.get(reason, 0)
-                    if n > done:
-                        self.metrics.conformance_skipped.labels(reason).inc(n - done)
-                        self._scorer_reported[reason] = n
+        # Counters follow the workers' own counts (the workers never touch metrics).
+        if self.scorer is not None:
+            self._export_counts("scorer", self.scorer.counts, self.metrics.conformance_skipped,
+                                lambda k: k.startswith("skipped") or k == "failed")
+        if self.replay is not None:
+            self._export_counts("replay", self.replay.counts, self.metrics.replay_samples, lambda k: k != "submitted")
         for (t, p), lag in self.source.lag().items():
             self.metrics.lag.labels(t, str(p)).set(lag)
         if not self.uncommitted and not self.pipeline.control_dirty:

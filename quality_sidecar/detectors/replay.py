@@ -9,11 +9,10 @@ prompt is skipped and counted (backpressure never reaches the consumer loop).
 from __future__ import annotations
 
 import logging
-import queue
-import random
-import threading
 from collections.abc import Callable
 from typing import Any
+
+from ..workers import BackgroundWorker
 
 log = logging.getLogger(__name__)
 
@@ -42,50 +41,27 @@ class BaselineReplayClient:
                 "finish_reason": choice.get("finish_reason")}
 
 
-class ReplayWorker:
-    """Background replayer: ``submit(sample)`` enqueues, ``on_result(sample, baseline)`` gets pairs."""
+class ReplayWorker(BackgroundWorker):
+    """Background replayer: ``submit(sample)`` enqueues, ``on_result(sample, baseline)`` gets pairs.
+
+    Counts (``counts``): ``submitted``, ``done``, ``failed``, ``skipped_queue_full``,
+    ``skipped_no_prompt``.
+    """
+
+    thread_name = "baseline-replay"
 
     def __init__(self, client: BaselineReplayClient, on_result: Callable[[dict, dict], None],
                  fraction: float = 0.1, max_queue: int = 256, seed: int = 0):
-        self.client, self.on_result, self.fraction = client, on_result, fraction
-        self.queue: queue.Queue = queue.Queue(maxsize=max_queue)
-        self.rng = random.Random(seed)
-        self.skipped = self.failed = self.done = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="baseline-replay", daemon=True)
-        self._thread.start()
+        self.client, self.on_result = client, on_result
+        super().__init__(fraction, max_queue, seed)
+        self.counts["skipped_no_prompt"] = 0
 
-    def submit(self, sample: dict) -> bool:
-        if self.rng.random() >= self.fraction:
-            return False
+    def prepare(self, sample: dict[str, Any]) -> Any:
         prompt = (sample.get("prompt") or {}).get("text") or sample.get("prompt_token_ids")
-        if not prompt:
-            self.skipped += 1
-            return False
-        try:
-            self.queue.put_nowait(sample)
-            return True
-        except queue.Full:
-            self.skipped += 1
-            return False
+        return (sample, prompt) if prompt else "no_prompt"
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sample = self.queue.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            out = sample.get("output") or {}
-            n = out.get("num_tokens") or len(out.get("token_ids") or []) or 64
-            prompt = (sample.get("prompt") or {}).get("text") or sample.get("prompt_token_ids")
-            try:
-                base = self.client.complete(prompt, n, model=sample.get("model"))
-                self.done += 1
-                self.on_result(sample, base)
-            except Exception as e:  # noqa: BLE001 (a flaky baseline must not stop the sidecar)
-                self.failed += 1
-                log.warning("baseline replay failed: %s", e)
-
-    def close(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
+    def handle(self, item: tuple[dict[str, Any], Any]) -> None:
+        sample, prompt = item
+        out = sample.get("output") or {}
+        n = out.get("num_tokens") or len(out.get("token_ids") or []) or 64
+        self.on_result(sample, self.client.complete(prompt, n, model=sample.get("model")))

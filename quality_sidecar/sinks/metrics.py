@@ -62,6 +62,9 @@ class Metrics:
         self.conformance_skipped = Counter("quality_sidecar_conformance_skipped_samples",
                                            "T>0 samples not scored (queue full, no token ids, scorer error)",
                                            ["reason"], registry=r)
+        self.replay_samples = Counter("quality_sidecar_replay_samples",
+                                      "Greedy samples re-asked of the baseline server for T=0 exact match, by outcome "
+                                      "(done, failed, skipped_queue_full, skipped_no_prompt)", ["outcome"], registry=r)
         self.conformance_logprob = Gauge("quality_sidecar_conformance_mean_token_logprob_nats",
                                          "Mean token log-prob of scored T>0 outputs under the baseline model",
                                          ["model", "arm"], registry=r)

@@ -72,14 +72,14 @@ def test_replay_pairs_greedy_outputs_and_flags_a_broken_candidate(baseline_serve
         for x in samples:
             worker.submit(x)
         deadline = time.time() + 30
-        while worker.done < 60 and time.time() < deadline:
+        while worker.counts["done"] < 60 and time.time() < deadline:
             time.sleep(0.05)
-        assert worker.done == 60 and pipe.pairs["demo-code-4l"].detector.exact_match_rate == 1.0
+        assert worker.counts["done"] == 60 and pipe.pairs["demo-code-4l"].detector.exact_match_rate == 1.0
         assert not pipe.alarm_log
         _Baseline.corrupt = True  # the baseline now disagrees on every token: a broken decoder
         for x in SampleStream(seed=3, greedy_fraction=1.0).take(60):
             worker.submit(x)
-        while worker.done < 120 and time.time() < deadline + 30:
+        while worker.counts["done"] < 120 and time.time() < deadline + 30:
             time.sleep(0.05)
     finally:
         worker.close()
