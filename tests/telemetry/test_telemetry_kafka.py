@@ -92,3 +92,73 @@ def test_broker_killed_mid_run_never_reaches_the_request_path(fresh_kafka_broker
     assert s.failed + s.dropped["queue_full"] + s.dropped["backpressure"] == 300
     assert worst < 0.05, f"an offer took {worst * 1e3:.1f} ms with the broker dead"
     sampler.shutdown(2)
+
+
+def test_first_samples_to_a_new_auto_created_topic_all_arrive(kafka_broker):
+    """The session broker auto-creates topics: the first send meets UNKNOWN_TOPIC_OR_PARTITION /
+    LEADER_NOT_AVAILABLE while the topic is created; nothing may be lost or counted failed."""
+    topic = f"fresh-{uuid.uuid4().hex[:8]}"  # not created beforehand
+    sampler = _sampler(kafka_broker.bootstrap, topic)
+    for i in range(5):
+        sampler.offer(make_request(f"first-{i}"))
+    assert _wait(lambda: sampler.stats.sent == 5, 30), sampler.stats.snapshot()
+    sampler.shutdown(5)
+    assert sampler.stats.failed == 0
+    assert sorted(r.key.decode() for r in _consume(kafka_broker.bootstrap, topic, 5)) == \
+        [f"first-{i}" for i in range(5)]
+
+
+@pytest.fixture
+def broker_without_auto_create():
+    """A broker where topics exist only once created (most production clusters)."""
+    from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker(auto_create_topics=False).start()
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+def test_sample_to_a_topic_not_ready_yet_is_logged_kept_and_delivered_once_it_exists(
+        broker_without_auto_create, caplog):
+    """Metadata not ready (the topic appears 3 s after start-up): the first samples are logged and
+    retried on the sampler thread -- not counted failed -- and arrive once the topic exists; the
+    request path never waits.  With a topic that never appears they fail after the delivery
+    timeout, logged."""
+    from vllm_lookahead.telemetry.sinks import KafkaSink
+
+    broker = broker_without_auto_create
+    topic = "created-late"
+    caplog.set_level("WARNING", logger="vllm_lookahead.telemetry")
+    sampler = _sampler(broker.bootstrap, topic)
+    worst = 0.0
+    for i in range(3):
+        t0 = time.perf_counter()
+        sampler.offer(make_request(f"early-{i}"))
+        worst = max(worst, time.perf_counter() - t0)
+    assert _wait(lambda: "not ready" in caplog.text, 15), caplog.text
+    time.sleep(1.0)
+    s = sampler.stats
+    assert (s.sent, s.failed) == (0, 0), s.snapshot()
+    broker.create_topic(topic)
+    sampler.offer(make_request("after-create"))
+    assert _wait(lambda: s.sent == 4, 20), s.snapshot()
+    assert s.failed == 0 and sum(s.dropped.values()) == 0
+    assert worst < 0.05, f"an offer took {worst * 1e3:.1f} ms while the topic was missing"
+    sampler.shutdown(5)
+    keys = sorted(r.key.decode() for r in _consume(broker.bootstrap, topic, 4))
+    assert keys == ["after-create", "early-0", "early-1", "early-2"]
+
+    # a topic that never appears: retried until the (here 3 s) delivery timeout, then failed + logged
+    cfg = TelemetryConfig.from_env({"VLLM_LOOKAHEAD_SAMPLE_RATE": "1",
+                                    "VLLM_LOOKAHEAD_SAMPLE_SINK": f"kafka://{broker.bootstrap}/never"})
+    stats = Sampler(cfg, register_atexit=False).stats
+    sink = KafkaSink(cfg.sink, cfg.kafka_auth, stats, delivery_timeout_s=3.0)
+    doomed = Sampler(cfg, stats, sink=sink, register_atexit=False)
+    caplog.clear()
+    doomed.offer(make_request("doomed"))
+    assert _wait(lambda: stats.failed == 1, 20), stats.snapshot()
+    assert "not ready" in caplog.text and "failed" in caplog.text
+    assert stats.sent == 0 and sink.pending == 0
+    doomed.shutdown(2)

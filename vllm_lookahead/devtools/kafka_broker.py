@@ -33,12 +33,16 @@ def free_port() -> int:
 
 
 class KafkaBroker:
-    def __init__(self, workdir: Path | None = None, port: int | None = None, partitions: int = 1):
+    def __init__(self, workdir: Path | None = None, port: int | None = None, partitions: int = 1,
+                 auto_create_topics: bool = True):
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kafka-"))
         self.port = port or free_port()
         self.controller_port = free_port()
         self.partitions = partitions
+        # False: a topic exists only once create_topic() made it, like most production clusters;
+        # producers see UNKNOWN_TOPIC_OR_PARTITION until then
+        self.auto_create_topics = auto_create_topics
         self.proc: subprocess.Popen | None = None
         self._formatted = False
 
@@ -67,7 +71,7 @@ class KafkaBroker:
             "share.coordinator.state.topic.replication.factor=1",
             "share.coordinator.state.topic.min.isr=1",
             "group.initial.rebalance.delay.ms=0",
-            "auto.create.topics.enable=true",
+            f"auto.create.topics.enable={'true' if self.auto_create_topics else 'false'}",
             "log.flush.interval.messages=1",
             "",
         ]))
@@ -112,6 +116,8 @@ class KafkaBroker:
                 raise RuntimeError(f"Kafka exited with {self.proc.returncode}; see {self.workdir / 'broker.log'}:\n"
                                    + self.log_tail())
             try:
+                if not self.auto_create_topics:
+                    self.create_topic("__readiness_probe")
                 producer = KafkaProducer(bootstrap_servers=self.bootstrap, request_timeout_ms=5000,
                                          max_block_ms=5000)
                 try:

@@ -118,9 +118,8 @@ class Sampler:
         value = json.dumps(sample, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         self.sink.send(req.request_id, value)
 
-    def _idle(self) -> None:
-        if self._sink is not None:
-            self._sink.idle()
+    def _idle(self) -> bool:
+        return bool(self._sink.idle()) if self._sink is not None else False
 
     def _close_sink(self, timeout_s: float) -> None:
         if self._sink is not None:

@@ -11,6 +11,8 @@ import logging
 import os
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,10 @@ class Sink:
     def send(self, key: str, value: bytes) -> None:
         raise NotImplementedError
 
-    def idle(self) -> None:
-        """Called when the queue has been empty for a while (flush buffered data)."""
+    def idle(self) -> bool:
+        """Called when the queue has been empty for a while (flush buffered data, retry).  True:
+        work is still pending, call again after the idle interval."""
+        return False
 
     def close(self, timeout_s: float) -> None:
         raise NotImplementedError
@@ -89,26 +93,57 @@ KAFKA_PRODUCER_SETTINGS: dict[str, Any] = {
 }
 
 
+@dataclass(slots=True)
+class _Pending:
+    """A sample waiting for its topic's metadata (or a leader): retried until ``deadline``."""
+
+    key: bytes
+    value: bytes
+    deadline: float  # time.monotonic(): first attempt + the delivery timeout
+
+
+def _retriable(exc: BaseException) -> bool:
+    """kafka-python marks transient errors ``retriable``: metadata not ready (KafkaTimeoutError from
+    send()), UNKNOWN_TOPIC_OR_PARTITION and LEADER_NOT_AVAILABLE while a topic is being created,
+    NOT_LEADER during a fail-over."""
+    return bool(getattr(exc, "retriable", False))
+
+
 class KafkaSink(Sink):
     """kafka-python 3.x producer owned by the sampler thread (created there: not fork-safe).
 
     kafka-python 3 has no ``buffer_memory``: the records buffered inside the client are bounded here
-    (``max_in_flight`` unacknowledged samples; beyond it new samples are dropped as backpressure).
+    (``max_in_flight`` unacknowledged or pending samples; beyond it new samples are dropped as
+    backpressure).
+
+    A retriable failure (the first send to a topic that is being auto-created or not created yet:
+    metadata not ready, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE) is logged and the sample is
+    kept and retried every ``retry_backoff_s`` on the sampler thread until ``delivery_timeout_s`` after
+    its first attempt; only then is it counted ``failed``.  While samples wait, new ones queue behind
+    them instead of each blocking ``max_block_ms`` on metadata.  The request path is never involved.
     """
 
     def __init__(self, spec: SinkSpec, auth: KafkaAuth, stats: SamplerStats,
                  compression: str | None = "gzip", max_in_flight: int = 2048,
-                 retry_after_s: float = 5.0):
+                 retry_after_s: float = 5.0, retry_backoff_s: float = 0.5,
+                 delivery_timeout_s: float | None = None):
         self.spec = spec
         self.auth = auth
         self.stats = stats
         self.compression = compression
         self.max_in_flight = max_in_flight
         self.retry_after_s = retry_after_s
+        self.retry_backoff_s = retry_backoff_s
+        self.delivery_timeout_s = (KAFKA_PRODUCER_SETTINGS["delivery_timeout_ms"] / 1000.0
+                                   if delivery_timeout_s is None else delivery_timeout_s)
         self._producer: Any = None
         self._next_attempt = 0.0
         self._in_flight = 0
         self._lock = threading.Lock()  # callbacks run on kafka-python's IO thread
+        self._pending: deque[_Pending] = deque()  # appended by both threads, drained by the sampler
+        self._next_retry = 0.0
+        self._last_log: dict[str, float] = {}
+        self._closed = False
 
     def _make_producer(self) -> Any:
         from kafka import KafkaProducer
@@ -131,57 +166,130 @@ class KafkaSink(Sink):
                                ",".join(self.spec.bootstrap), self.retry_after_s)
         return self._producer
 
-    def _done(self, ok: bool) -> None:
-        # runs on kafka-python's IO thread; `failed` is also counted on the sampler thread: lock
+    def _log(self, what: str, msg: str, *args: Any) -> None:
+        """Warning, at most one per ``what`` every 30 s (a dead topic must not flood the log)."""
+        now = time.monotonic()
+        if now - self._last_log.get(what, -1e9) >= 30.0:
+            self._last_log[what] = now
+            logger.warning(msg, *args)
+
+    def _delivered(self) -> None:
+        # runs on kafka-python's IO thread; counters are also updated on the sampler thread: lock
         with self._lock:
+            if self._closed:  # already counted as dropped{shutdown} by close()
+                return
             self._in_flight -= 1
-            if ok:
-                self.stats.sent += 1
-            else:
-                self.stats.failed += 1
+            self.stats.sent += 1
+
+    def _delivery_failed(self, item: _Pending, exc: BaseException) -> None:
+        # IO thread, or the sampler thread when send() returns an already-failed future
+        with self._lock:
+            if self._closed:
+                return
+            self._in_flight -= 1
+        self._retry_or_fail(item, exc)
 
     def _failed(self) -> None:
         with self._lock:
             self.stats.failed += 1
 
+    def _retry_or_fail(self, item: _Pending, exc: BaseException) -> bool:
+        """Keep ``item`` for a retry when the error is transient and its deadline is not reached
+        (True), else count it failed (False).  Both are logged."""
+        topic = self.spec.topic
+        now = time.monotonic()
+        if _retriable(exc) and now < item.deadline and not self._closed:
+            self._pending.append(item)
+            self._next_retry = now + self.retry_backoff_s
+            self._log("retry", "Kafka topic %s not ready (%s: %s; e.g. a topic still being created); "
+                      "samples are kept and retried for up to %.0f s", topic, type(exc).__name__, exc,
+                      self.delivery_timeout_s)
+            return True
+        self._failed()
+        self._log("failed", "Kafka sample to topic %s failed (%s: %s); counted in "
+                  "vllm_lookahead_sampler_failed_total", topic, type(exc).__name__, exc)
+        return False
+
+    def _send_now(self, item: _Pending) -> bool:
+        """One attempt; False when send() raised a transient error and the sample went back to the
+        retry queue.  (A failure reported through the future may also requeue it.)"""
+        producer = self._producer_or_none()
+        if producer is None:
+            self._failed()
+            return True
+        try:
+            future = producer.send(self.spec.topic, key=item.key, value=item.value)
+        except Exception as exc:  # noqa: BLE001 (KafkaTimeoutError on metadata, closed producer, ...)
+            return not self._retry_or_fail(item, exc)
+        with self._lock:
+            self._in_flight += 1
+        future.add_callback(lambda _md: self._delivered())
+        future.add_errback(lambda exc: self._delivery_failed(item, exc))
+        return True
+
+    def _retry_due(self, force: bool = False) -> None:
+        """Retry waiting samples (oldest first) once their back-off has passed; sampler thread."""
+        start = time.monotonic()
+        if not self._pending or (not force and start < self._next_retry):
+            return
+        for _ in range(len(self._pending)):
+            try:
+                item = self._pending.popleft()
+            except IndexError:
+                return
+            if not self._send_now(item) or self._next_retry > start:
+                return  # still not ready: back off (the rest waits for the next round)
+
     def send(self, key: str, value: bytes) -> None:
         if len(value) > KAFKA_PRODUCER_SETTINGS["max_request_size"] - 512:
             self.stats.dropped["too_large"] += 1
             return
-        if self._in_flight >= self.max_in_flight:
+        if self._in_flight + len(self._pending) >= self.max_in_flight:
             self.stats.dropped["backpressure"] += 1
             return
-        producer = self._producer_or_none()
-        if producer is None:
-            self._failed()
+        self._retry_due()
+        item = _Pending(key.encode("utf-8"), value, time.monotonic() + self.delivery_timeout_s)
+        if self._pending:  # the topic is not ready: wait behind the others, do not block on metadata
+            self._pending.append(item)
             return
-        try:
-            future = producer.send(self.spec.topic, key=key.encode("utf-8"), value=value)
-        except Exception:  # noqa: BLE001 (KafkaTimeoutError on metadata, closed producer, ...)
-            self._failed()
-            return
-        with self._lock:
-            self._in_flight += 1
-        future.add_callback(lambda _md: self._done(True))
-        future.add_errback(lambda _exc: self._done(False))
+        self._send_now(item)
+
+    def idle(self) -> bool:
+        self._retry_due()
+        # keep being called while deliveries are outstanding: a failed one may come back for a retry
+        return bool(self._pending) or self._in_flight > 0
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
+    @property
+    def pending(self) -> int:
+        """Samples waiting for a retry (topic metadata or leader not ready)."""
+        return len(self._pending)
+
     def close(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + max(0.1, timeout_s)
+        while self._pending and self._producer is not None and time.monotonic() < deadline:
+            self._retry_due(force=True)
+            if self._pending:
+                time.sleep(min(self.retry_backoff_s, max(0.0, deadline - time.monotonic())))
         producer, self._producer = self._producer, None
-        if producer is None:
-            return
-        # A flush timeout is not an error here: what is still in flight is lost and counted below.
-        with contextlib.suppress(Exception):
-            producer.flush(timeout=max(0.1, timeout_s))
-        with contextlib.suppress(Exception):
-            producer.close(timeout=0.5)
+        if producer is not None:
+            # A flush timeout is not an error here: what is still in flight is lost and counted below.
+            with contextlib.suppress(Exception):
+                producer.flush(timeout=max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(Exception):
+                producer.close(timeout=0.5)
         with self._lock:
+            self._closed = True
             lost, self._in_flight = self._in_flight, 0
+            lost += len(self._pending)
+            self._pending.clear()
         if lost > 0:
             self.stats.dropped["shutdown"] += lost
+            logger.warning("Kafka sink closed with %d sample(s) undelivered (counted as dropped, "
+                           "reason shutdown)", lost)
 
 
 def make_sink(spec: SinkSpec, auth: KafkaAuth, stats: SamplerStats, compression: str | None) -> Sink:

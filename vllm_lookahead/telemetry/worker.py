@@ -26,12 +26,15 @@ _STOP = object()
 
 
 class BoundedWorker:
-    """``handler(item)`` runs on a daemon thread; exceptions are logged (rate-limited) and swallowed."""
+    """``handler(item)`` runs on a daemon thread; exceptions are logged (rate-limited) and swallowed.
+
+    ``idle()`` runs once the queue has been empty for ``idle_interval_s``, and again every
+    ``idle_interval_s`` for as long as it returns True (the sink has retries pending)."""
 
     def __init__(self, name: str, maxsize: int, handler: Callable[[Any], None],
                  on_start: Callable[[], None] | None = None,
                  on_stop: Callable[[float], None] | None = None,
-                 idle: Callable[[], None] | None = None, idle_interval_s: float = 0.5,
+                 idle: Callable[[], bool | None] | None = None, idle_interval_s: float = 0.5,
                  poll_interval_s: float = 0.02):
         self.name = name
         self.maxsize = maxsize
@@ -124,7 +127,10 @@ class BoundedWorker:
                     idle_pending = False
                     if self._idle is not None:
                         try:
-                            self._idle()
+                            # True: work is still pending (e.g. a sample waiting for a retry)
+                            if self._idle():
+                                idle_pending = True
+                                last_item = time.monotonic()
                         except Exception:  # noqa: BLE001
                             self._log_error("idle callback failed")
                 time.sleep(self._poll_interval_s)
