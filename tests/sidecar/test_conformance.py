@@ -208,3 +208,22 @@ def test_likelihood_shift_is_calibrated_and_detects_small_shifts() -> None:
     cand = {i: list(mu[i] + 0.2 + rng.normal(0, 0.4, 2)) for i in range(120)}  # ~5 se
     r = likelihood_shift(base, cand)
     assert r.paired and r.pvalue < 1e-3 and r.ci_low < 0.2 < r.ci_high
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=str)
+def test_full_row_pit_is_the_pit_of_sampler_probs(params: SamplerParams) -> None:
+    """``score_topk`` (interval bounds for an unknown tail) and ``sampler_probs`` (full rows) both encode
+    vLLM's sampler; with full rows they must give the very same PIT values, so neither can drift."""
+    from quality_sidecar.detectors.conformance import sampler_probs
+
+    lp, toks = _stream(params, 400, seed=5)
+    full = score_full(lp, toks, params, np.random.default_rng(9))
+    q = sampler_probs(lp, params)
+    v = np.random.default_rng(9).random(len(toks))  # the same V draws score_topk made
+    order = np.argsort(-lp, axis=1, kind="stable")  # descending, ties in vocab order, as the scorer ranks
+    qs = np.take_along_axis(q, order, axis=1)
+    pos = np.argmax(order == toks[:, None], axis=1)
+    rows = np.arange(len(toks))
+    above = (np.cumsum(qs, axis=1) - qs)[rows, pos]
+    u = above + v * qs[rows, pos]
+    np.testing.assert_allclose(full.pit, u, atol=1e-9)
