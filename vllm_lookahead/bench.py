@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", type=Path, default=None, help="write results JSON here")
     ap.add_argument("--plot", type=Path, default=None, help="write a PNG plot here (default: next to --json)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1, metavar="N",
+                    help="run every method N times, interleaved (repeat 1 of every method, then repeat 2, ...; "
+                         "the method order rotates each repeat), and report the median tokens/s with min/max "
+                         "per method and batch size, plus each repeat's speed-up over `none` of the same repeat")
     return ap
 
 
@@ -299,30 +303,36 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(model, "config.json").exists():
         print(f"vllm-lookahead bench: {model} has no config.json (not a model directory)", file=sys.stderr)
         return 2
-    results = []
-    for s in specs:
-        print(f"[bench] {s}: {len(prompts)} prompts x {args.max_tokens} tokens at batch sizes {batch_sizes}",
-              file=sys.stderr)
-        results.append(run_isolated(run_method, model, s, prompts, batch_sizes, args))
-    base = next((r for r in results if r["method"] == "none"), None)
-    for r in results:
-        for bs, m in r["by_batch_size"].items():
-            if base is not None:
-                # exact_vs_none: same batch size.  exact_vs_none_bs1: against `none` at the first batch
-                # size -- for `none` itself this is the A/A rate (numerical noise from batch shape alone),
-                # the yardstick for non-float32 dtypes where bit-exactness cannot be expected.
-                ref = base["by_batch_size"][bs]["token_ids"]
-                ref1 = base["by_batch_size"][str(batch_sizes[0])]["token_ids"]
-                m["exact_vs_none"] = float(np.mean([a == b for a, b in zip(m["token_ids"], ref)]))
-                m["exact_vs_none_bs1"] = float(np.mean([a == b for a, b in zip(m["token_ids"], ref1)]))
+    if args.repeats < 1:
+        print("vllm-lookahead bench: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    runs: list[list[dict[str, Any]]] = []  # runs[repeat][method index]
+    load: list[dict[str, Any]] = []
+    for rep in range(args.repeats):
+        order = list(range(len(specs)))
+        order = order[rep % len(order):] + order[: rep % len(order)]  # rotate: no method always runs first
+        this: list[dict[str, Any] | None] = [None] * len(specs)
+        for i in order:
+            print(f"[bench] repeat {rep + 1}/{args.repeats} {specs[i]}: {len(prompts)} prompts x "
+                  f"{args.max_tokens} tokens at batch sizes {batch_sizes}", file=sys.stderr)
+            before = _load()
+            this[i] = run_isolated(run_method, model, specs[i], prompts, batch_sizes, args)
+            load.append({"repeat": rep + 1, "method": specs[i], "before": before, "after": _load()})
+        runs.append([r for r in this if r is not None])
+    for rep_results in runs:
+        _mark_exact(rep_results, batch_sizes)
+    results = _aggregate(runs) if args.repeats > 1 else runs[0]
     reference = reference_compression(model, prompts[: args.reference], args) if args.reference else None
     print_table(results, reference)
+    if args.repeats > 1:
+        print_spread(results)
     out = {
         "command": "vllm-lookahead bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": model, "prompts": args.prompts, "n_prompts": len(prompts), "max_tokens": args.max_tokens,
         "dtype": args.dtype, "batching": args.batching, "machine": {"cpu_count": __import__("os").cpu_count(),
                                                              "platform": platform.platform()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "repeats": args.repeats, "load": load,
         "results": [{**r, "by_batch_size": {b: {k: v for k, v in m.items() if k != "token_ids"}
                                             for b, m in r["by_batch_size"].items()}} for r in results],
         "reference": reference,
@@ -336,6 +346,83 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, reference, plot_path)
         print(f"[bench] wrote {plot_path}", file=sys.stderr)
     return 0
+
+
+def _load() -> dict[str, Any]:
+    """Machine load at this moment (``uptime``'s 1/5/15-minute averages): the runs share the CPU with
+    whatever else runs, and the JSON should say how busy it was."""
+    import os
+
+    one, five, fifteen = os.getloadavg()
+    return {"loadavg_1m": one, "loadavg_5m": five, "loadavg_15m": fifteen,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _mark_exact(results: list[dict[str, Any]], batch_sizes: list[int]) -> None:
+    """exact_vs_none: share of outputs identical to `none` at the same batch size (of the same repeat).
+    exact_vs_none_bs1: against `none` at the first batch size -- for `none` itself the A/A rate
+    (numerical noise from batch shape alone), the yardstick for non-float32 dtypes."""
+    base = next((r for r in results if r["method"] == "none"), None)
+    if base is None:
+        return
+    for r in results:
+        for bs, m in r["by_batch_size"].items():
+            ref = base["by_batch_size"][bs]["token_ids"]
+            ref1 = base["by_batch_size"][str(batch_sizes[0])]["token_ids"]
+            m["exact_vs_none"] = float(np.mean([a == b for a, b in zip(m["token_ids"], ref)]))
+            m["exact_vs_none_bs1"] = float(np.mean([a == b for a, b in zip(m["token_ids"], ref1)]))
+
+
+SPREAD_KEYS = ("tokens_per_s", "speedup_vs_none", "compression", "proposer_share_of_step_time",
+               "proposer_us_per_row", "step_time_ms_mean")
+
+
+def _aggregate(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One result per method over the repeats: each batch size's entry is the repeat with the median
+    tokens/s, with ``<key>_median/_min/_max/_all`` for the noisy figures, ``speedup_vs_none`` computed
+    against `none` of the *same* repeat, and ``exact_vs_none`` the worst repeat (1.0 = every output of
+    every repeat identical to `none`)."""
+    out = []
+    for j, first in enumerate(runs[0]):
+        agg: dict[str, Any] = {"method": first["method"], "by_batch_size": {}, "repeats": len(runs)}
+        for bs in first["by_batch_size"]:
+            reps = [run[j]["by_batch_size"][bs] for run in runs]
+            for run, m in zip(runs, reps):
+                base = next((r for r in run if r["method"] == "none"), None)
+                m["speedup_vs_none"] = (m["tokens_per_s"] / base["by_batch_size"][bs]["tokens_per_s"]
+                                        if base is not None else None)
+            order = sorted(range(len(reps)), key=lambda i: reps[i]["tokens_per_s"])
+            entry = dict(reps[order[len(order) // 2]])
+            for key in SPREAD_KEYS:
+                vals = [m[key] for m in reps if m.get(key) is not None]
+                if vals:
+                    entry[f"{key}_median"] = float(np.median(vals))
+                    entry[f"{key}_min"], entry[f"{key}_max"] = float(min(vals)), float(max(vals))
+                    entry[f"{key}_all"] = [float(v) for v in vals]
+            entry["tokens_per_s"] = entry["tokens_per_s_median"]
+            for key in ("exact_vs_none", "exact_vs_none_bs1"):
+                vals = [m[key] for m in reps if m.get(key) is not None]
+                if vals:
+                    entry[key] = float(min(vals))
+            agg["by_batch_size"][bs] = entry
+        out.append(agg)
+    return out
+
+
+def print_spread(results: list[dict[str, Any]]) -> None:
+    """Median [min, max] over the repeats: tokens/s and speed-up over `none` of the same repeat."""
+    print(f"{'method':<40}{'batch':>6}{'tok/s median [min, max]':>30}{'x none median [min, max]':>30}"
+          f"{'compr.':>8}{'prop. %':>8}")
+    for r in results:
+        for bs, m in r["by_batch_size"].items():
+            if "tokens_per_s_min" not in m:
+                continue
+            sp = (f"{m['speedup_vs_none_median']:.3f} [{m['speedup_vs_none_min']:.3f}, {m['speedup_vs_none_max']:.3f}]"
+                  if "speedup_vs_none_median" in m else "-")
+            share = m.get("proposer_share_of_step_time_median")
+            print(f"{r['method']:<40}{bs:>6}"
+                  f"{m['tokens_per_s_median']:>12.1f} [{m['tokens_per_s_min']:.1f}, {m['tokens_per_s_max']:.1f}]"
+                  f"{sp:>30}{m['compression']:>8.3f}{'-' if share is None else format(100 * share, '.2f'):>8}")
 
 
 def _split_specs(text: str) -> list[str]:

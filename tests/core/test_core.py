@@ -187,9 +187,9 @@ def test_finished_requests_are_pruned_and_bounded():
 
 
 def test_adaptive_policy_turns_off_and_probes():
-    """A model that never agrees with any draft drives the EMA down: the request stops drafting and
+    """Policy "ema": a model that never agrees with any draft drives the EMA down: the request stops drafting and
     only probes every probe_interval steps."""
-    cfg = LookaheadConfig(min_acceptance=0.2, probe_interval=5, free_draft_batch_size=0)
+    cfg = LookaheadConfig(policy="ema", min_acceptance=0.2, probe_interval=5, free_draft_batch_size=0)
     d = LookaheadDrafter(cfg, 4)
     ctx = [1, 2, 1, 2, 1, 2]
     draft = d.step([RowStep("r", ctx, len(ctx), [2], prompt_len=5)])[0]
@@ -210,7 +210,7 @@ def test_batch_budget_and_busy_threshold():
     rows = [RowStep(f"r{i}", [1, 2, 1, 2, 1, 2], 6, [2], prompt_len=5) for i in range(5)]
     drafts = d.step(rows)
     assert sum(len(x) for x in drafts) <= 6
-    busy = LookaheadDrafter(LookaheadConfig(batch_size_threshold=2, busy_min_acceptance=0.9,
+    busy = LookaheadDrafter(LookaheadConfig(policy="ema", batch_size_threshold=2, busy_min_acceptance=0.9,
                                             confident_fallback=False), 4)
     drafts = busy.step(rows)  # initial EMA 0.5 < 0.9 and the batch is busy: nobody drafts
     assert all(len(x) == 0 for x in drafts)
@@ -219,14 +219,14 @@ def test_batch_budget_and_busy_threshold():
 def test_busy_batch_falls_back_to_confident_context_matches_only():
     """Below the floor a request drafts what prompt lookup would (a >= 2-token suffix seen before),
     never the pool or Jacobi fill; a request without such a match drafts nothing."""
-    d = LookaheadDrafter(LookaheadConfig(batch_size_threshold=2, busy_min_acceptance=0.9), 4)
+    d = LookaheadDrafter(LookaheadConfig(policy="ema", batch_size_threshold=2, busy_min_acceptance=0.9), 4)
     repeat = [7, 8, 9, 5, 7, 8]  # suffix (7, 8) seen before -> continuation 9 5 7 8
     once = [7, 8, 9, 5, 6, 8]  # only the 1-token suffix (8) repeats: not confident
     rows = [RowStep("a", repeat, 6, [8], prompt_len=5), RowStep("b", once, 6, [8], prompt_len=5),
             RowStep("c", repeat, 6, [8], prompt_len=5)]
     drafts = d.step(rows)
     assert drafts == [[9, 5, 7, 8], [], [9, 5, 7, 8]]
-    free = LookaheadDrafter(LookaheadConfig(), 4).step(rows)  # not busy: b drafts from the 1-token match
+    free = LookaheadDrafter(LookaheadConfig(policy="ema"), 4).step(rows)  # not busy: b drafts from the 1-token match
     assert free[1] != []
 
 
@@ -236,7 +236,8 @@ def test_prefill_rows_get_no_draft():
 
 
 def test_shared_pool_carries_output_ngrams_across_requests_but_not_prompts():
-    d = LookaheadDrafter(LookaheadConfig(min_match=3, max_match=4), 4)
+    """Policy "ema"'s engine-wide n-gram pool (policy "cost" uses the output memory instead)."""
+    d = LookaheadDrafter(LookaheadConfig(policy="ema", min_match=3, max_match=4), 4)
     prompt_a = [900, 901, 902, 903]
     out_a = [10, 11, 12, 13, 14]
     ctx = prompt_a[:]
@@ -249,7 +250,7 @@ def test_shared_pool_carries_output_ngrams_across_requests_but_not_prompts():
     # a's *prompt* n-grams are not shared: b ending on 901 gets no draft from them
     c = [600, 601, 901]
     assert d.step([RowStep("c", c, 3, [901], prompt_len=2)]) == [[]]
-    off = LookaheadDrafter(LookaheadConfig(min_match=3, max_match=4, shared_pool_keys=0), 4)
+    off = LookaheadDrafter(LookaheadConfig(policy="ema", min_match=3, max_match=4, shared_pool_keys=0), 4)
     ctx = prompt_a[:]
     for t in out_a:
         ctx = ctx + [t]

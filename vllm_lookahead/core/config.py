@@ -40,7 +40,23 @@ class LookaheadConfig:
     # --- Jacobi window ---
     window: int = 0
     """W: Jacobi guesses carried from one verification to the next (0 = as many as k allows)."""
-    # --- adaptive policy ---
+    # --- chain drafter policy (issue 14) ---
+    policy: str = "cost"
+    """"cost": every source (context match, engine-wide output memory, LADE pool, Jacobi iterate) offers a
+    candidate with a learned per-token acceptance estimate; the best candidate is cut where its estimated
+    commit probability stops paying for its rows, by a model of the engine's own step times
+    (core/cost_model.py) -- 0 drafts allowed.  "ema": the earlier fixed-k policy (per-request EMA floor,
+    busy threshold, confident fallback; the keys below)."""
+    memory_tokens: int = 65536
+    """Output tokens kept in the engine-wide memory of earlier outputs (core/suffix_memory.py; 0 = off),
+    oldest outputs evicted first.  Isolated per LoRA adapter and tenant (SamplingParams
+    extra_args["lookahead"]["tenant"]).  Memory: ~`memory_depth` dict entries per token."""
+    memory_depth: int = 8
+    """Longest context (tokens) the output memory matches on."""
+    cost_margin: float = 0.02
+    """Drafts are made only when the step-time model predicts at least this much more tokens/s than
+    no drafts (a guard against estimation error)."""
+    # --- adaptive policy ("ema") ---
     ema_decay: float = 0.7
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""
     min_acceptance: float = 0.15
@@ -123,6 +139,10 @@ class LookaheadConfig:
         need(1 <= self.min_match <= self.max_match, "min_match", "must be >= 1 and <= max_match")
         need(self.max_match <= 32, "max_match", "must be <= 32")
         need(0 <= self.window <= 64, "window", "must be in 0..64 (0 = k)")
+        need(self.policy in ("cost", "ema"), "policy", 'must be "cost" or "ema"')
+        need(0 <= self.memory_tokens <= 100_000_000, "memory_tokens", "must be in 0..100,000,000")
+        need(1 <= self.memory_depth <= 32, "memory_depth", "must be in 1..32")
+        need(0.0 <= self.cost_margin <= 1.0, "cost_margin", "must be in [0, 1]")
         need(0.0 <= self.ema_decay < 1.0, "ema_decay", "must be in [0, 1)")
         need(0.0 <= self.min_acceptance <= 1.0, "min_acceptance", "must be in [0, 1]")
         need(self.free_draft_batch_size >= 0, "free_draft_batch_size", "must be >= 0")

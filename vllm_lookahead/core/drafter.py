@@ -15,14 +15,19 @@ runner's rows each step.  The policy keeps lookahead from making serving slower:
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
+from .chain import AcceptanceTable, propose_chain
 from .config import LookaheadConfig
+from .cost_model import StepCostModel
 from .pool import NGramPool
-from .state import RequestState
+from .state import SOURCE_NONE, RequestState
+from .suffix_memory import SuffixMemory
 
 
 @dataclass
@@ -36,6 +41,7 @@ class RowStep:
     verified: int = 0  # draft tokens verified for this row this step
     argmax: np.ndarray | list[int] | None = None  # target argmax at the verified + 1 rows
     prompt_len: int = 0
+    isolation_key: Hashable = None  # whose outputs this request may draft from (LoRA, tenant); read once
 
 
 class LookaheadDrafter:
@@ -45,14 +51,25 @@ class LookaheadDrafter:
         self.cfg = cfg
         self.k = num_speculative_tokens
         self.states: dict[str, RequestState] = {}
+        # the engine-wide n-gram pool: the "ema" policy's fill and the 2D layout's shared candidates
         self.shared = (NGramPool(cfg.ngram, cfg.pool_size, cfg.shared_pool_keys)
-                       if cfg.shared_pool_keys > 0 else None)
+                       if cfg.shared_pool_keys > 0 and (cfg.policy == "ema" or cfg.lade_shared_candidates)
+                       else None)
         self._dormant: OrderedDict[str, RequestState] = OrderedDict()
+        # policy "cost": engine-wide output memory, acceptance table, step-time model
+        self.memory = (SuffixMemory(cfg.memory_tokens, cfg.memory_depth)
+                       if cfg.policy == "cost" and cfg.memory_tokens > 0 else None)
+        self.table = AcceptanceTable()
+        self.cost = StepCostModel(margin=cfg.cost_margin)
+        self.clock = time.perf_counter  # replaceable in tests
+        self._last_step: tuple[set[str], int, int, float] | None = None  # ids, rows, drafts, start time
+        self.last_budget = 0  # draft tokens given to the batch in the last step
 
     def _state(self, row: RowStep) -> RequestState:
         st = self.states.get(row.req_id)
         if st is None:
             st = self._dormant.pop(row.req_id, None) or RequestState(self.cfg, self.k, row.prompt_len, self.shared)
+            st.isolation_key = row.isolation_key
             self.states[row.req_id] = st
         return st
 
@@ -63,6 +80,8 @@ class LookaheadDrafter:
             self._dormant[rid] = self.states.pop(rid)
             while len(self._dormant) > self.cfg.max_dormant_requests:
                 self._dormant.popitem(last=False)
+        if self.cfg.policy == "cost":
+            return self._step_cost(rows, live)
         states = []
         for row in rows:
             st = self._state(row)
@@ -103,6 +122,62 @@ class LookaheadDrafter:
             left -= take
         return budgets, confident
 
+    def _step_cost(self, rows: list[RowStep], live: set[str]) -> list[list[int]]:
+        """Policy "cost": observe, then every row's best candidate from every source, cut for the whole
+        batch by the step-time model (core/chain.py, core/cost_model.py)."""
+        now = self.clock()
+        last = self._last_step
+        if last is not None and live <= last[0] and all(r.new_tokens for r in rows):
+            # the step just done ran last step's rows and drafts; no request joined (no prefill in it)
+            self.cost.observe(last[1], last[2], now - last[3])
+        table, memory = self.table, self.memory
+        states = []
+        for row in rows:
+            st = self._state(row)
+            cells, probs = st.last_cells, st.last_p
+            st.last_outcome = None
+            st.observe(row.context, row.num_tokens, row.new_tokens, row.verified, row.argmax)
+            if st.last_outcome is not None and cells:
+                verified, accepted = st.last_outcome
+                table.record(cells, verified, accepted)
+                d = 0.9  # the request's own history: decayed accepted vs expected tokens
+                st.hist_accepted = d * st.hist_accepted + accepted
+                st.hist_expected = d * st.hist_expected + sum(probs[:verified])  # E[accepted] = sum p_cum
+            st.last_cells, st.last_p = [], []
+            if memory is not None and row.num_tokens > max(st.memory_seen, row.prompt_len):
+                start = max(st.memory_seen, row.prompt_len)
+                toks = st.index.tokens
+                memory.extend(row.req_id, st.isolation_key, toks[len(toks) - (row.num_tokens - start):])
+            st.memory_seen = row.num_tokens
+            states.append(st)
+        table.refresh()
+        # the pool/Jacobi sources cost proposer time; skip them when the last step's budget was empty
+        # at a batch large enough that their estimates could not have paid (they are re-tried on probes)
+        use_pool = len(rows) <= 8 or self.last_budget > 0
+        cands, flat_p, owner = [], [], []
+        for i, (row, st) in enumerate(zip(rows, states)):
+            if not row.new_tokens:  # still in prefill: nothing to draft from yet
+                cands.append(([], [], []))
+                continue
+            draft, cells, pc, source = propose_chain(st, self.k, table, memory, use_pool)
+            st.last_source = source
+            cands.append((draft, cells, pc))
+            flat_p.extend(pc)
+            owner.extend([i] * len(pc))
+        counts = self.cost.allocate(np.asarray(flat_p, dtype=np.float64), np.asarray(owner, dtype=np.int64),
+                                    len(rows), max_total=self.cfg.max_batch_draft_tokens).tolist()
+        out = []
+        total = 0
+        for st, (draft, cells, pc), n in zip(states, cands, counts):
+            st.last_draft, st.last_cells, st.last_p = draft[:n], cells[:n], pc[:n]
+            if not n:
+                st.last_source = SOURCE_NONE
+            total += n
+            out.append(list(draft[:n]))
+        self.last_budget = total
+        self._last_step = (live, len(rows) + total, total, now)
+        return out
+
     def forget(self, req_id: str) -> None:
         self.states.pop(req_id, None)
         self._dormant.pop(req_id, None)
@@ -112,4 +187,6 @@ class LookaheadDrafter:
         drafted = sum(s.stats.drafted for s in all_states)
         accepted = sum(s.stats.accepted for s in all_states)
         return {"requests": len(all_states), "drafted": drafted, "accepted": accepted,
-                "acceptance_rate": accepted / drafted if drafted else 0.0}
+                "acceptance_rate": accepted / drafted if drafted else 0.0,
+                "memory_tokens": len(self.memory) if self.memory is not None else 0,
+                "cost_model": self.cost.summary()}

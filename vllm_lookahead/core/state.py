@@ -49,6 +49,15 @@ class RequestState:
         self.ema = 0.5
         self.idle_steps = 0
         self.stats = RequestStats()
+        # policy "cost": acceptance cells and estimates of the last draft, the outcome of its
+        # verification (drafts verified, accepted) for the drafter's table, the request's own history
+        self.last_cells: list[int] = []
+        self.last_p: list[float] = []
+        self.last_outcome: tuple[int, int] | None = None
+        self.hist_accepted = 0.0
+        self.hist_expected = 0.0
+        self.isolation_key: object = None
+        self.memory_seen = 0  # committed tokens already handed to the engine-wide memory
 
     # ------------------------------------------------------------------ observe
     def observe(self, context: np.ndarray | list[int], num_tokens: int, new_tokens: list[int],
@@ -70,6 +79,7 @@ class RequestState:
             self.jacobi = []
             return
         accepted = len(new_tokens) - 1
+        self.last_outcome = (len(drafts), accepted)
         self.stats.drafted += len(drafts)
         self.stats.accepted += accepted
         src = self.stats.by_source.setdefault(self.last_source, [0, 0])

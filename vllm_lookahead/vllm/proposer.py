@@ -55,6 +55,19 @@ class _Profile:
 PROFILE = _Profile()
 
 
+def isolation_key(req: Any) -> tuple[Any, Any]:
+    """Whose earlier outputs a request may draft from: (LoRA adapter, tenant).  The tenant is
+    ``SamplingParams.extra_args["lookahead"]["tenant"]`` (or ``extra_args["tenant"]``); requests of
+    different adapters or tenants never see each other's outputs in the engine-wide memory.  The model
+    is implicit: the memory lives in one engine."""
+    lora = getattr(req, "lora_request", None)
+    lora_id = getattr(lora, "lora_name", None) or getattr(lora, "lora_int_id", None) if lora else None
+    extra = getattr(getattr(req, "sampling_params", None), "extra_args", None) or {}
+    la = extra.get("lookahead") if isinstance(extra.get("lookahead"), dict) else {}
+    tenant = la.get("tenant", extra.get("tenant"))
+    return (lora_id, None if tenant is None else str(tenant))
+
+
 class LookaheadProposer:
     def __init__(self, vllm_config: Any):
         check_vllm_version()
@@ -156,13 +169,15 @@ class LookaheadProposer:
         step2d, self._step2d = self._step2d, None
         ran_2d = {req.req_id: req for req in step2d.requests} if step2d is not None else {}
         rows = []
+        known = self.drafter.states
         for i, new in enumerate(sampled_token_ids):
             rid = req_ids[i]
             # a 2D step's rows are not a chain: the chain state sees committed tokens only
             verified, am = (0, None) if rid in ran_2d else argmax_rows.get(rid, (0, None))
             rows.append(RowStep(req_id=rid, context=token_ids_cpu[i], num_tokens=int(num_tokens_no_spec[i]),
                                 new_tokens=list(new), verified=int(verified), argmax=am,
-                                prompt_len=int(batch.num_prompt_tokens[i])))
+                                prompt_len=int(batch.num_prompt_tokens[i]),
+                                isolation_key=None if rid in known else isolation_key(runner.requests.get(rid))))
         drafts = self.drafter.step(rows)
         if self.config.layout == "2d":
             self._lade_drafts(runner, rows, drafts, ran_2d)

@@ -1,0 +1,195 @@
+"""Policy "cost" (issue 14): the engine-wide output memory (longest match, frequencies, token bound,
+isolation), the step-time cost model and the drafter that combines every source under it."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
+from vllm_lookahead.core.cost_model import StepCostModel
+from vllm_lookahead.core.simulate import simulate
+from vllm_lookahead.core.suffix_memory import SuffixMemory
+
+pytestmark = pytest.mark.unit
+
+
+# ----------------------------------------------------------------------------- output memory
+def brute_next(segments: list[list[int]], context: list[int], depth: int) -> tuple[int | None, int]:
+    """Most frequent next token after the longest suffix of ``context`` (<= depth) seen in segments."""
+    for m in range(min(depth, len(context)), 0, -1):
+        suffix = context[len(context) - m:]
+        nxt = Counter(seg[i + m] for seg in segments for i in range(len(seg) - m)
+                      if seg[i:i + m] == suffix)
+        if nxt:
+            best = max(nxt.values())
+            return min(t for t, c in nxt.items() if c == best), m  # ties: any of them; compare the count
+    return None, 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(segs=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=30), min_size=1, max_size=5),
+       ctx=st.lists(st.integers(0, 4), min_size=1, max_size=8), depth=st.integers(1, 6))
+def test_memory_longest_match_and_most_frequent_continuation(segs, ctx, depth):
+    mem = SuffixMemory(10_000, depth)
+    for i, s in enumerate(segs):
+        mem.extend(i, "k", s[:3])  # in pieces, as the engine adds committed tokens
+        mem.extend(i, "k", s[3:])
+    toks, probs, matched = mem.lookup("k", ctx, 1)
+    want, want_m = brute_next(segs, ctx, depth)
+    assert matched == want_m
+    if want is None:
+        assert toks == []
+        return
+    suffix = ctx[len(ctx) - matched:]
+    nxt = Counter(s[i + matched] for s in segs for i in range(len(s) - matched) if s[i:i + matched] == suffix)
+    assert nxt[toks[0]] == max(nxt.values())  # a most frequent continuation (ties may differ)
+    assert probs[0] == pytest.approx(nxt[toks[0]] / (sum(nxt.values()) + 1))
+
+
+def test_memory_is_bounded_by_tokens_and_evicts_oldest_first():
+    mem = SuffixMemory(max_tokens=20, depth=3)
+    mem.extend("old", None, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert mem.lookup(None, [1, 2], 3)[0] == [3, 4, 5]
+    for i in range(3):
+        mem.extend(f"new{i}", None, [50 + i] * 8)
+    assert len(mem) <= 20
+    assert mem.lookup(None, [1, 2], 3) == ([], [], 0)  # the oldest output is gone, counts and all
+    assert not any(k[1][:1] == (1,) for k in mem._children)
+    mem.forget("new2")
+    assert mem.lookup(None, [52, 52], 2)[0] == []
+
+
+def test_memory_isolation_key_separates_tenants():
+    """Outputs stored under one isolation key never draft for another -- in the memory and through the
+    drafter, where the key comes from the request (LoRA adapter / tenant)."""
+    mem = SuffixMemory(1000, 4)
+    mem.extend("a", ("lora1", None), [5, 6, 7, 8, 9])
+    assert mem.lookup(("lora1", None), [5, 6], 3)[0] == [7, 8, 9]
+    assert mem.lookup(("lora2", None), [5, 6], 3) == ([], [], 0)
+    assert mem.lookup((None, None), [5, 6], 3) == ([], [], 0)
+
+    d = LookaheadDrafter(LookaheadConfig(max_match=2), 4)
+    prompt = [900, 901, 902]
+    ctx = prompt[:]
+    for t in [10, 11, 12, 13, 14, 15]:  # tenant A's request generates 10..15
+        ctx = ctx + [t]
+        d.step([RowStep("a", ctx, len(ctx), [t], prompt_len=len(prompt), isolation_key=(None, "A"))])
+    other = [700, 701, 10, 11]  # another request ends on A's output 10 11; its own context cannot match
+    same = d.step([RowStep("b", other, 4, [11], prompt_len=3, isolation_key=(None, "A"))])
+    assert same[0][:1] == [12]
+    foreign = d.step([RowStep("c", other, 4, [11], prompt_len=3, isolation_key=(None, "B"))])
+    assert foreign == [[]]
+    # prompts are never stored: a request ending on A's prompt tokens gets nothing from them
+    assert d.step([RowStep("e", [1, 900, 901], 3, [901], prompt_len=2, isolation_key=(None, "A"))]) == [[]]
+
+
+# ----------------------------------------------------------------------------- cost model
+def fitted(a: float, b: float, s: float = 0.0, noise: float = 0.02, seed: int = 0) -> StepCostModel:
+    rng = np.random.default_rng(seed)
+    m = StepCostModel()
+    for _ in range(200):
+        rows = int(rng.integers(1, 64))
+        drafted = int(rng.integers(0, 3)) * rows // 4
+        t = (a + b * rows + (s if drafted else 0.0)) * (1 + noise * rng.standard_normal())
+        m.observe(rows, drafted, t)
+    m.observe(10, 0, 50.0)  # an idle gap between two generate() calls is not a step
+    return m
+
+
+def test_cost_model_recovers_step_time_from_noisy_steps():
+    m = fitted(a=3.5e-3, b=0.22e-3, s=0.4e-3)
+    assert m.a == pytest.approx(3.5e-3, rel=0.15)
+    assert m.b == pytest.approx(0.22e-3, rel=0.1)
+    assert m.s == pytest.approx(0.4e-3, abs=0.3e-3)
+
+
+def test_budget_long_where_rows_are_cheap_nothing_where_they_do_not_pay():
+    p = np.array([0.9, 0.8, 0.5, 0.2, 0.9, 0.3, 0.1, 0.05])
+    owner = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    cheap = fitted(a=5e-3, b=0.01e-3)  # rows nearly free (memory-bound): every token with any chance
+    assert cheap.allocate(p, owner, 2).tolist() == [4, 4]
+    costly = fitted(a=1e-3, b=1e-3)  # a row costs as much as the fixed part: only likely tokens
+    counts = costly.allocate(p, owner, 2).tolist()
+    assert 0 < sum(counts) < 8 and counts[0] >= counts[1]
+    # when nothing is likely, nothing is drafted: throughput never knowingly below no drafts
+    assert costly.allocate(np.full(8, 0.1), owner, 2).tolist() == [0, 0]
+    # the chosen set maximises the modelled tokens/s over all prefix-closed choices
+    best = max(((i, j) for i in range(5) for j in range(5)),
+               key=lambda ij: (2 + p[: ij[0]].sum() + p[4: 4 + ij[1]].sum())
+               / costly.predict(2 + sum(ij), sum(ij)))
+    assert tuple(counts) == best or np.isclose(
+        (2 + p[: counts[0]].sum() + p[4: 4 + counts[1]].sum()) / costly.predict(2 + sum(counts), sum(counts)),
+        (2 + p[: best[0]].sum() + p[4: 4 + best[1]].sum()) / costly.predict(2 + sum(best), sum(best)))
+
+
+def test_budget_respects_max_total_and_unfitted_threshold():
+    m = StepCostModel()
+    p = np.array([0.9, 0.8, 0.2, 0.7])
+    owner = np.array([0, 0, 0, 1])
+    assert m.allocate(p, owner, 2).tolist() == [2, 1]  # unfitted: p >= 0.3
+    assert m.allocate(p, owner, 2, max_total=2).tolist() == [2, 0]
+
+
+# ----------------------------------------------------------------------------- the drafter
+def order2_model(vocab: int, seed: int):
+    rng = random.Random(seed)
+    table: dict[tuple[int, ...], int] = {}
+
+    def nxt(ctx):
+        key = tuple(ctx[-2:])
+        if key not in table:
+            table[key] = rng.randrange(vocab)
+        return table[key]
+
+    def verify(ctx, draft):
+        seq, out = list(ctx), []
+        for t in [*draft, None]:
+            out.append(nxt(seq))
+            if t is not None:
+                seq.append(t)
+        return out
+
+    return nxt, verify
+
+
+def test_cost_policy_is_lossless_and_uses_memory_across_requests():
+    """Simulated greedy verification: outputs equal greedy decoding; a second request with the same
+    behaviour compresses better thanks to the first one's outputs in the engine-wide memory."""
+    nxt, verify = order2_model(50, 1)
+    d = LookaheadDrafter(LookaheadConfig(), 4)
+    tick = iter(range(10**6))
+    d.clock = lambda: 1e-3 * next(tick)  # every step 1 ms whatever its rows: drafting is free
+    prompt = [3, 4]
+    first = simulate(verify, prompt, 120, 4, drafter=d, req_id="a")
+    seq = list(prompt)
+    for _ in range(120):
+        seq.append(nxt(seq))
+    assert first.tokens == seq[2:]
+    second = simulate(verify, [9, 3, 4], 120, 4, drafter=d, req_id="b")
+    assert second.compression > first.compression and second.compression > 3.0
+    assert d.states["b"].stats.by_source.get("memory", [0, 0])[1] > 0
+
+
+def test_cost_policy_stops_drafting_when_drafts_never_pay():
+    """A model that never accepts anything, rows that cost as much as the fixed step: the acceptance
+    table learns it and the budget goes to zero (a fake clock supplies the step times)."""
+    now = [0.0]
+    d = LookaheadDrafter(LookaheadConfig(), 4)
+    d.clock = lambda: now[0]
+    ctx = [1, 2, 1, 2, 1, 2]
+    draft = d.step([RowStep("r", ctx, len(ctx), [2], prompt_len=5)])[0]
+    lengths = []
+    for step in range(120):
+        now[0] += 1e-3 * (1 + 1 + len(draft))  # a = b = 1 ms
+        new = [100 + step]
+        ctx = ctx + new
+        draft = d.step([RowStep("r", ctx, len(ctx), new, len(draft), [100 + step] * (len(draft) + 1))])[0]
+        lengths.append(len(draft))
+    assert d.cost.fitted
+    assert sum(lengths[-40:]) == 0, lengths

@@ -1,0 +1,155 @@
+"""One chain drafter over every source, with a per-token acceptance estimate (policy "cost").
+
+Sources, each offering one candidate chain for the positions after the last committed token:
+  * ``context``: prompt lookup over the request's prompt + output (longest suffix, up to ``max_match``);
+  * ``memory``: the engine-wide memory of earlier outputs under the request's isolation key
+    (``SuffixMemory``: longest suffix up to ``memory_depth``, most frequent continuation);
+  * ``pool``: LADE's n-gram pool of the request (prompt, output and Jacobi-trajectory n-grams), the
+    candidate agreeing with the Jacobi iterate first;
+  * ``jacobi``: the Jacobi iterate itself.
+
+Why estimates instead of a fixed k: a draft token is worth its row only if it is likely to be committed.
+``AcceptanceTable`` learns, for each source, evidence bucket (match length, frequency, agreement with
+the iterate) and draft position, P(token accepted | its predecessors were) from the verifications the
+engine has already done -- Beta-smoothed towards a prior, so it is usable from the first step.  A
+request's own history scales it (``RequestState.hist_*``: accepted / expected, clipped).  The candidate
+with the most expected committed tokens wins; how much of it is drafted is decided for the whole batch
+by ``StepCostModel.allocate`` (long where the estimate is high, nothing where it is low).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .state import SOURCE_CONTEXT, SOURCE_JACOBI, SOURCE_NONE, SOURCE_POOL, RequestState, _agreement
+from .suffix_memory import SuffixMemory
+
+SOURCE_MEMORY = "memory"
+DEPTHS = 4  # draft positions 1, 2, 3, 4+ have their own cells
+# evidence buckets: context match length 1..4+; memory (matched length 1-2 / 3-5 / 6+) x (smoothed
+# frequency <0.4 / <0.7 / <0.9 / >=0.9); pool (agrees with the Jacobi iterate or not); Jacobi
+CTX0, MEM0, POOL0, JAC0, BUCKETS = 0, 4, 16, 18, 19
+_PRIOR_CTX = [0.3, 0.5, 0.6, 0.7]
+_PRIOR_MEM_FREQ = [0.3, 0.5, 0.7, 0.85]
+_PRIOR = np.array(_PRIOR_CTX + [f for _ in range(3) for f in _PRIOR_MEM_FREQ] + [0.35, 0.2, 0.15])
+_FREQ_EDGES = (0.4, 0.7, 0.9)
+
+
+def ctx_bucket(match_len: int) -> int:
+    return CTX0 + min(match_len, 4) - 1
+
+
+def mem_bucket(match_len: int, freq: float) -> int:
+    lb = 0 if match_len <= 2 else (1 if match_len <= 5 else 2)
+    fb = 0 if freq < _FREQ_EDGES[0] else (1 if freq < _FREQ_EDGES[1] else (2 if freq < _FREQ_EDGES[2] else 3))
+    return MEM0 + 4 * lb + fb
+
+
+class AcceptanceTable:
+    """P(draft token accepted | its predecessors were), per (evidence bucket, draft position)."""
+
+    def __init__(self, prior_weight: float = 4.0, cap: float = 4096.0) -> None:
+        self.prior = np.repeat(_PRIOR, DEPTHS)
+        self.weight = prior_weight
+        self.cap = cap  # counts are halved past this, so the table follows a changing workload
+        self.evaluated = [0.0] * (BUCKETS * DEPTHS)
+        self.accepted = [0.0] * (BUCKETS * DEPTHS)
+        self.p: list[float] = self.prior.tolist()
+        self._dirty = False
+
+    def record(self, cells: list[int], verified: int, accepted: int) -> None:
+        """The first ``verified`` tokens of a draft with these cells were verified, ``accepted`` of
+        them accepted: tokens 1..accepted+1 were evaluated (each given its predecessors)."""
+        ev, acc = self.evaluated, self.accepted
+        for c in cells[: min(accepted + 1, verified)]:
+            ev[c] += 1.0
+        for c in cells[:accepted]:
+            acc[c] += 1.0
+        self._dirty = True
+
+    def refresh(self) -> None:
+        """Recompute the estimates (once per engine step)."""
+        if not self._dirty:
+            return
+        ev, acc = np.asarray(self.evaluated), np.asarray(self.accepted)
+        if ev.max() > self.cap:
+            big = ev > self.cap
+            ev[big] *= 0.5
+            acc[big] *= 0.5
+            self.evaluated, self.accepted = ev.tolist(), acc.tolist()
+        self.p = ((acc + self.weight * self.prior) / (ev + self.weight)).tolist()
+        self._dirty = False
+
+    def summary(self) -> dict[str, list[float]]:
+        return {"p": [round(x, 3) for x in self.p], "evaluated": [round(x, 1) for x in self.evaluated]}
+
+
+def history_factor(st: RequestState) -> float:
+    """The request's accepted / expected tokens (decayed sums, +1 smoothing), clipped to [0.3, 1.6]."""
+    return min(max((st.hist_accepted + 1.0) / (st.hist_expected + 1.0), 0.3), 1.6)
+
+
+def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: SuffixMemory | None,
+                  use_pool: bool) -> tuple[list[int], list[int], list[float], str]:
+    """The best candidate of every source for ``st``: (tokens, cells, p_cum per token, source).
+
+    ``p_cum`` is non-increasing: the estimated probability that the token *and* all before it are
+    committed.  ``use_pool``: also consider the pool and the Jacobi iterate (skipped when the batch's
+    threshold is out of their reach, to save proposer time)."""
+    toks = st.index.tokens
+    if not toks:
+        return [], [], [], SOURCE_NONE
+    p = table.p
+    rho = history_factor(st)
+    best: tuple[float, list[int], list[int], list[float], str] = (0.0, [], [], [], SOURCE_NONE)
+
+    def consider(draft: list[int], cells: list[int], source: str) -> None:
+        nonlocal best
+        acc, pc, total = 1.0, [], 0.0
+        for c in cells:
+            acc *= min(p[c] * rho, 0.98)
+            pc.append(acc)
+            total += acc
+        if total > best[0]:
+            best = (total, draft, cells, pc, source)
+
+    cont, m = st.index.lookup(k)
+    if cont:
+        b = ctx_bucket(m) * DEPTHS
+        consider(list(cont), [b + min(j, DEPTHS - 1) for j in range(len(cont))], SOURCE_CONTEXT)
+    if memory is not None:
+        mt, mp, mm = memory.lookup(st.isolation_key, toks[-memory.depth :], k)
+        if mt:
+            consider(mt, [mem_bucket(mm, f) * DEPTHS + min(j, DEPTHS - 1) for j, f in enumerate(mp)],
+                     SOURCE_MEMORY)
+    if use_pool:
+        jac = st.jacobi
+        cands = st.pool.get(toks[-1])
+        if cands:
+            i = max(range(len(cands)), key=lambda i: (_agreement(cands[i], jac), -i))
+            agree = bool(jac) and cands[i][0] == jac[0]
+            draft = list(cands[i])
+            while len(draft) < k:  # chain pool look-ups from the draft's last token
+                nxt = st.pool.get(draft[-1])
+                if not nxt:
+                    break
+                draft.extend(nxt[0][: k - len(draft)])
+            draft = draft[:k]
+            b = (POOL0 if agree else POOL0 + 1) * DEPTHS
+            consider(draft, [b + min(j, DEPTHS - 1) for j in range(len(draft))], SOURCE_POOL)
+        if jac:
+            jd = jac[:k]
+            consider(list(jd), [JAC0 * DEPTHS + min(j, DEPTHS - 1) for j in range(len(jd))], SOURCE_JACOBI)
+    _, draft, cells, pc, source = best
+    if draft and len(draft) < k and memory is not None and source in (SOURCE_CONTEXT, SOURCE_MEMORY):
+        # a short context/memory chain continues with what the memory says follows it
+        tail = (toks[-memory.depth :] + draft)[-memory.depth :]
+        mt, mp, mm = memory.lookup(st.isolation_key, tail, k - len(draft))
+        acc = pc[-1]
+        for j, (t, f) in enumerate(zip(mt, mp), start=len(draft)):
+            c = mem_bucket(mm, f) * DEPTHS + min(j, DEPTHS - 1)
+            acc *= min(p[c] * rho, 0.98)
+            draft.append(t)
+            cells.append(c)
+            pc.append(acc)
+    return draft, cells, pc, source
