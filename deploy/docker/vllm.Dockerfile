@@ -16,6 +16,10 @@ COPY quality_sidecar ./quality_sidecar
 RUN python3 -m pip install --no-cache-dir ".[telemetry]" \
  && python3 -c "import importlib.metadata as m; print('vllm', m.version('vllm'), 'vllm-lookahead', m.version('vllm-lookahead'))"
 
-ENV VLLM_LOOKAHEAD_TELEMETRY=1
+# vLLM needs no root: run as UID 2000 so the pod meets PodSecurity "restricted" (the chart sets
+# runAsUser 2000 too, and points HOME at an emptyDir for the torch/Triton/vLLM caches).
+RUN useradd --uid 2000 --user-group --create-home --home-dir /home/vllm vllm
+ENV VLLM_LOOKAHEAD_TELEMETRY=1 HOME=/home/vllm
+USER 2000
 EXPOSE 8000
 ENTRYPOINT ["vllm", "serve"]

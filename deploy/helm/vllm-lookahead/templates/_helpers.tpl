@@ -101,18 +101,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (has .Values.kafka.securityProtocol (list "SSL" "SASL_SSL")) .Values.kafka.tls.existingSecret -}}true{{- end -}}
 {{- end -}}
 
-{{/* Fail early, with the fix, on settings the schema cannot express. */}}
-{{- define "vllm-lookahead.validate" -}}
-{{- if and (include "vllm-lookahead.kafkaUsesSASL" .) (not .Values.kafka.sasl.existingSecret) -}}
-{{- fail (printf "kafka.securityProtocol=%s needs kafka.sasl.existingSecret: create a Secret with keys %q and %q (kubectl create secret generic kafka-sasl --from-literal=%s=... --from-literal=%s=...) and set kafka.sasl.existingSecret to its name; credentials are never inlined in values" .Values.kafka.securityProtocol .Values.kafka.sasl.usernameKey .Values.kafka.sasl.passwordKey .Values.kafka.sasl.usernameKey .Values.kafka.sasl.passwordKey) -}}
-{{- end -}}
-{{- if and (eq .Values.server.modelCache.type "existingClaim") (not .Values.server.modelCache.existingClaim) -}}
-{{- fail "server.modelCache.type=existingClaim needs server.modelCache.existingClaim (the PVC name)" -}}
-{{- end -}}
-{{- if and .Values.hpa.enabled (lt (int .Values.hpa.maxReplicas) (int .Values.hpa.minReplicas)) -}}
-{{- fail (printf "hpa.maxReplicas (%d) must be >= hpa.minReplicas (%d)" (int .Values.hpa.maxReplicas) (int .Values.hpa.minReplicas)) -}}
-{{- end -}}
-{{- end -}}
+{{/* The values checks ("vllm-lookahead.validate") live in _validate.tpl. */}}
 
 {{/* Kafka auth environment with a given prefix (VLLM_LOOKAHEAD_ or QUALITY_SIDECAR_); values from Secrets only. */}}
 {{- define "vllm-lookahead.kafkaAuthEnv" -}}

@@ -25,8 +25,9 @@ spec:
   strategy:
     type: RollingUpdate
     rollingUpdate:
-      # A new pod must be Ready before an old one goes: no capacity loss during a rollout.
-      maxUnavailable: 0
+      # Default: a new pod must be Ready before an old one goes (no capacity loss), which needs a spare
+      # GPU; server.maxUnavailable 1 + maxSurge 0 rolls on full nodes (docs/deploy.md, "Rollouts").
+      maxUnavailable: {{ $s.maxUnavailable }}
       maxSurge: {{ $s.maxSurge }}
   selector:
     matchLabels:
@@ -110,6 +111,10 @@ spec:
           env:
             - name: HF_HOME
               value: {{ $s.modelCache.mountPath }}
+            # The pod runs as a non-root UID with no passwd entry: give vLLM, torch and Triton a
+            # writable HOME (~/.cache/vllm, ~/.triton) instead of "/".
+            - name: HOME
+              value: /home/vllm
             {{- if $v.model.hfToken.existingSecret }}
             - name: HF_TOKEN
               valueFrom:
@@ -166,12 +171,17 @@ spec:
               mountPath: /dev/shm
             - name: model-cache
               mountPath: {{ $s.modelCache.mountPath }}
+            - name: home
+              mountPath: /home/vllm
             {{- if include "vllm-lookahead.kafkaUsesTLS" $root }}
             - name: kafka-tls
               mountPath: /etc/kafka-tls
               readOnly: true
             {{- end }}
       volumes:
+        - name: home
+          emptyDir:
+            sizeLimit: 8Gi
         - name: shm
           emptyDir:
             medium: Memory
