@@ -64,7 +64,8 @@ def latency_summary(greedy: RunResult, seq: RunResult | None, seq_ids: list[str]
         keep = set(seq_ids)
         seq_recs = [r for r in seq.records if r.item_id in keep]
         sgen = sum(len(r.token_ids) for r in seq_recs)
-        lat = [(r.ttft_s or 0) + (r.tpot_s or 0) * max(0, len(r.token_ids) - 1) for r in seq_recs]
+        lat = [r.latency_s if r.latency_s is not None else
+               (r.ttft_s or 0) + (r.tpot_s or 0) * max(0, len(r.token_ids) - 1) for r in seq_recs]
         out["seq_items"] = len(seq_recs)
         out["seq_tokens_per_s"] = sgen / sum(lat) if sum(lat) > 0 else None
     view = seq_recs or recs
@@ -76,6 +77,15 @@ def latency_summary(greedy: RunResult, seq: RunResult | None, seq_ids: list[str]
     drafted = sum(r.drafted for r in recs)
     accepted = sum(r.accepted for r in recs)
     steps = sum(r.steps for r in recs)
+    ec = greedy.engine_counters or {}
+    if drafted == 0 and ec.get("num_draft_tokens"):
+        # HTTP engine: no per-request spec metrics, the server's counters over this run instead
+        drafted, accepted = int(ec["num_draft_tokens"]), int(ec.get("num_accepted_tokens", 0))
+        steps = max(1, gen - accepted)
+    drafts = ec.get("num_drafts") or sum(1 for r in recs for x in r.per_step_drafted if x > 0)
+    out["drafts"] = int(drafts) if drafts else None
+    # mean acceptance length: tokens per step that verified a draft (1 + accepted drafts per such step)
+    out["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
     out["drafted_tokens"] = drafted
     out["accepted_tokens"] = accepted
     out["acceptance_rate"] = accepted / drafted if drafted else None
@@ -86,6 +96,10 @@ def latency_summary(greedy: RunResult, seq: RunResult | None, seq_ids: list[str]
         d = sum(sum(1 for x in r.per_step_drafted if x >= p) for r in recs)
         a = sum(sum(1 for x in r.per_step_accepted if x >= p) for r in recs)
         per_pos.append({"position": p, "drafted": d, "accepted": a, "rate": a / d if d else None})
+    if not per_pos and ec.get("num_drafts") and isinstance(ec.get("num_accepted_tokens_per_pos"), list):
+        # server counters: every drafting step proposes at most k tokens; rate per position = accepted / drafts
+        per_pos = [{"position": i + 1, "drafted": int(ec["num_drafts"]), "accepted": int(a),
+                    "rate": a / ec["num_drafts"]} for i, a in enumerate(ec["num_accepted_tokens_per_pos"])]
     out["acceptance_per_position"] = per_pos
     out["engine_counters"] = greedy.engine_counters  # vLLM's own vllm:spec_decode_* deltas, a cross-check
     return out

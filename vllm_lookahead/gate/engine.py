@@ -45,6 +45,7 @@ class RequestRecord:
     per_step_drafted: list[int] = field(default_factory=list)
     per_step_accepted: list[int] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)  # T>0 scoring re-feeds prompt + output
+    latency_s: float | None = None  # HTTP engine: request wall time (no TTFT without streaming)
 
 
 @dataclass

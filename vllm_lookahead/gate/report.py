@@ -177,13 +177,50 @@ table{{border-collapse:collapse}}</style></head><body>
 
 
 def write_report(result: dict[str, Any], runs: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    """Write the three report files (and the raw runs) into ``out_dir``; returns their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write the report files (and the raw runs) into ``out_dir``; returns their paths.
+
+    Everything is rendered first and each file is moved into place whole (``os.replace``), so a
+    failure while rendering leaves no half-written report for a pipeline to pick up."""
+    import os
+    import tempfile
+
     md = markdown_summary(result)
-    paths = {"json": out_dir / "report.json", "markdown": out_dir / "summary.md",
-             "html": out_dir / "report.html", "runs": out_dir / "runs.json"}
-    paths["json"].write_text(json.dumps(result, indent=1, default=str))
-    paths["markdown"].write_text(md)
-    paths["html"].write_text(html_report(result, md))
-    paths["runs"].write_text(json.dumps(runs, default=str))
+    content = {"json": json.dumps(result, indent=1, default=str), "markdown": md,
+               "html": html_report(result, md), "runs": json.dumps(runs, default=str),
+               "junit": junit_xml(result)}
+    names = {"json": "report.json", "markdown": "summary.md", "html": "report.html", "runs": "runs.json",
+             "junit": "junit.xml"}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {k: out_dir / n for k, n in names.items()}
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".partial-") as tmp:
+        for k, text in content.items():
+            (Path(tmp) / names[k]).write_text(text)
+        for k in content:
+            os.replace(Path(tmp) / names[k], paths[k])
     return paths
+
+
+def junit_xml(result: dict[str, Any]) -> str:
+    """JUnit XML: one test case per criterion (a failed required criterion is a failure, an
+    informational one that did not pass is skipped), so CI systems show the gate like a test run."""
+    from xml.etree import ElementTree as ET
+
+    crits = result["criteria"]
+    failures = [c for c in crits if c["required"] and c["passed"] is not True]
+    skipped = [c for c in crits if not c["required"] and c["passed"] is not True]
+    suite = ET.Element("testsuite", name="vllm-lookahead gate", tests=str(len(crits)), failures=str(len(failures)),
+                       errors="0", skipped=str(len(skipped)), time=f"{result.get('meta', {}).get('wall_s') or 0:.1f}")
+    for c in crits:
+        case = ET.SubElement(suite, "testcase", classname="gate", name=c["name"])
+        msg = f"measured {_fmt(c['measured'])}; threshold: {c['threshold']}"
+        if c in failures:
+            ET.SubElement(case, "failure", message=msg).text = c["detail"]
+        elif c in skipped:
+            ET.SubElement(case, "skipped", message=f"informational: {msg}")
+        else:
+            ET.SubElement(case, "system-out").text = f"{msg}; {c['detail']}"
+    root = ET.Element("testsuites", name="vllm-lookahead gate", tests=str(len(crits)),
+                      failures=str(len(failures)))
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -7,13 +7,21 @@ checked before the first engine starts, so a usage error costs seconds, not minu
 from __future__ import annotations
 
 import platform
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vllm_lookahead.decoders import DecoderSpec, SpecError, check_class, parse_spec
 from vllm_lookahead.gate.analysis import analyse, load_classifiers
+from vllm_lookahead.gate.endpoint import (
+    EndpointClient,
+    EndpointOptions,
+    HttpEngine,
+    HttpScorer,
+    probe,
+)
 from vllm_lookahead.gate.engine import ArmRuns, EngineOptions, GateEngine, RunResult, run_arm
 from vllm_lookahead.gate.evalset import EvalItem
 from vllm_lookahead.gate.report import write_report
@@ -24,21 +32,50 @@ class UsageError(ValueError):
 
 
 @dataclass
+class Endpoints:
+    """Endpoint mode: two live OpenAI-compatible (vLLM) servers instead of in-process engines."""
+
+    baseline_url: str
+    candidate_url: str
+    model: str | None = None  # served model name on both (default: each server's first model)
+    candidate_model: str | None = None  # when the candidate serves it under another name
+    opts: EndpointOptions = field(default_factory=EndpointOptions)
+    clients: dict[str, EndpointClient] = field(default_factory=dict)  # filled by preflight
+
+    def client(self, role: str) -> EndpointClient:
+        if role not in self.clients:
+            model = self.candidate_model or self.model if role == "candidate" else self.model
+            self.clients[role] = EndpointClient(role, self.baseline_url if role == "baseline" else self.candidate_url,
+                                                model, self.opts)
+        return self.clients[role]
+
+
+@dataclass
 class GateInputs:
-    model: Path
+    model: Path | None
     items: list[EvalItem]
     eval_set_name: str
-    baseline: DecoderSpec
-    candidate: DecoderSpec
+    baseline: DecoderSpec | None
+    candidate: DecoderSpec | None
     policy: dict[str, Any]
     dtype: str = "float32"
     seed: int = 0
     default_max_tokens: int = 48
     max_model_len: int | None = None
+    endpoints: Endpoints | None = None
 
 
 def preflight(inp: GateInputs) -> list[Any]:
-    """Fail fast on anything but the engine itself; returns the classifiers to use."""
+    """Fail fast on anything but the engine itself; returns the classifiers to use.  Endpoint mode:
+    both servers answer, serve the model, return token ids and share a tokenizer, and the baseline
+    returns prompt log-probs if the T>0 check will run (``EndpointError``: exit 2)."""
+    if inp.endpoints is not None:
+        ep = inp.endpoints
+        probe(ep.client("baseline"), ep.client("candidate"))
+        if inp.policy["criteria"]["sampled"]["samples_per_item"] > 0:
+            HttpScorer(ep.client("baseline")).check()
+        return _classifiers(inp)
+    assert inp.model is not None and inp.baseline is not None and inp.candidate is not None
     if not (inp.model / "config.json").is_file():
         raise UsageError(f"model directory {inp.model} has no config.json")
     for spec in (inp.baseline, inp.candidate):
@@ -47,6 +84,10 @@ def preflight(inp: GateInputs) -> list[Any]:
                 check_class("vllm_lookahead.vllm.proposer.LookaheadProposer", spec.text)
             except SpecError as e:
                 raise UsageError(f"{e} (the lookahead proposer is not installed in this build)") from None
+    return _classifiers(inp)
+
+
+def _classifiers(inp: GateInputs) -> list[Any]:
     try:
         return load_classifiers(inp.policy["criteria"]["behaviour"]["classifiers"])
     except ImportError as e:
@@ -59,6 +100,15 @@ def opts_for(inp: GateInputs) -> EngineOptions:
     return EngineOptions(str(inp.model), inp.dtype, inp.seed, inp.max_model_len, inp.default_max_tokens)
 
 
+def http_engine(inp: GateInputs, role: str) -> HttpEngine:
+    assert inp.endpoints is not None
+    return HttpEngine(inp.endpoints.client(role), inp.default_max_tokens, inp.seed)
+
+
+def _progress(msg: str) -> None:
+    print(f"gate: {msg}", file=sys.stderr, flush=True)
+
+
 def latency_items(inp: GateInputs) -> list[EvalItem]:
     return inp.items[: inp.policy["runs"]["latency_items"]]
 
@@ -67,6 +117,13 @@ def run_baseline(inp: GateInputs) -> ArmRuns:
     """Baseline arm: greedy batched, the A/A partner (every item at ``runs.aa_batch_size``), the
     batch-1 latency subset, optional T>0 samples."""
     s = inp.policy["criteria"]["sampled"]
+    if inp.endpoints is not None:
+        # A/A from the baseline endpoint itself: the same prompts again at another concurrency
+        return http_engine(inp, "baseline").run_arm(
+            inp.items, name="baseline", sequential_items=latency_items(inp), samples=s["samples_per_item"],
+            temperature=s["temperature"], aa_batch_size=inp.policy["runs"]["aa_batch_size"],
+            concurrency=inp.endpoints.opts.concurrency, progress=_progress)
+    assert inp.baseline is not None
     return run_arm(opts_for(inp), inp.baseline, inp.items, name="baseline", sequential_items=latency_items(inp),
                    samples=s["samples_per_item"], temperature=s["temperature"],
                    aa_batch_size=inp.policy["runs"]["aa_batch_size"])
@@ -74,6 +131,11 @@ def run_baseline(inp: GateInputs) -> ArmRuns:
 
 def run_candidate(inp: GateInputs) -> ArmRuns:
     s = inp.policy["criteria"]["sampled"]
+    if inp.endpoints is not None:
+        return http_engine(inp, "candidate").run_arm(
+            inp.items, name="candidate", sequential_items=latency_items(inp), samples=s["samples_per_item"],
+            temperature=s["temperature"], concurrency=inp.endpoints.opts.concurrency, progress=_progress)
+    assert inp.candidate is not None
     return run_arm(opts_for(inp), inp.candidate, inp.items, name="candidate", sequential_items=latency_items(inp),
                    samples=s["samples_per_item"], temperature=s["temperature"])
 
@@ -86,6 +148,9 @@ def score_samples(inp: GateInputs, runs: list[RunResult | None]) -> float:
     todo = [r for r in runs if r is not None]
     if not todo:
         return 0.0
+    if inp.endpoints is not None:  # the baseline endpoint's top-K log-probs
+        return HttpScorer(inp.endpoints.client("baseline"), inp.seed, inp.endpoints.opts.concurrency).score(
+            todo, inp.policy["criteria"]["sampled"]["temperature"])
     with GateEngine(opts_for(inp), parse_spec("none"), prefix_caching=True) as eng:
         return eng.score(todo, inp.policy["criteria"]["sampled"]["temperature"])
 
@@ -94,12 +159,23 @@ def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[An
              report_dir: Path | None, wall_s: float) -> tuple[dict[str, Any], dict[str, Path]]:
     """Analyse two finished arms and (optionally) write the report."""
     result = analyse(inp.items, base, cand, inp.policy, classifiers, [it.id for it in latency_items(inp)])
-    import vllm
+    try:
+        import vllm
 
+        vllm_version = vllm.__version__
+    except ImportError:  # endpoint mode does not need vLLM on the gate's machine
+        vllm_version = None
+    if inp.endpoints is not None:
+        bdesc, cdesc = http_engine(inp, "baseline").describe(), http_engine(inp, "candidate").describe()
+        model, model_name, mode = bdesc["url"], str(bdesc["model"]), "endpoint"
+    else:
+        assert inp.model is not None and inp.baseline is not None and inp.candidate is not None
+        bdesc, cdesc = inp.baseline.describe(), inp.candidate.describe()
+        model, model_name, mode = str(inp.model), inp.model.name, "in-process"
     result["meta"] = {
-        "model": str(inp.model), "model_name": inp.model.name, "eval_set_name": inp.eval_set_name,
-        "baseline": inp.baseline.describe(), "candidate": inp.candidate.describe(), "dtype": inp.dtype,
-        "seed": inp.seed, "alpha": inp.policy["alpha"], "policy": inp.policy, "vllm_version": vllm.__version__,
+        "mode": mode, "model": model, "model_name": model_name, "eval_set_name": inp.eval_set_name,
+        "baseline": bdesc, "candidate": cdesc, "dtype": inp.dtype if mode == "in-process" else "as served",
+        "seed": inp.seed, "alpha": inp.policy["alpha"], "policy": inp.policy, "vllm_version": vllm_version,
         "python": platform.python_version(), "machine": platform.machine(), "wall_s": wall_s,
         "startup_s": {"baseline": base.startup_s, "candidate": cand.startup_s},
         "run_wall_s": {"baseline_batch": base.greedy.wall_s, "candidate_batch": cand.greedy.wall_s,
