@@ -10,6 +10,7 @@ is lost (uncommitted records are redelivered) and nothing is counted twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -74,6 +75,7 @@ class ServiceConfig:
     validation: str = "fast"
     max_samples: int | None = None
     progress: bool = True
+    kafka_cluster_name: str = ""  # cluster_name label of the lag metrics (default: the bootstrap servers)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     conformance: ConformanceConfig = field(default_factory=ConformanceConfig)
 
@@ -435,14 +437,21 @@ class Service:
         if self.http is not None:
             self.http.control = self.pipeline  # /alarms, /alarms/{detector}/ack, /alarms/clear, /rebaseline
         self.offsets: dict[tuple[str, int], int] = {}
+        self.source = open_source(cfg.source, cfg.group, **(
+            {"max_poll_records": cfg.max_poll_records} if cfg.source.startswith("kafka://") else {}))
+        self._instance = f"{os.getpid()}-{time.time_ns() % 10**12}"
+        self._checkpoints = 0
+        self._lag_labels: set[tuple[str, ...]] = set()
+        if cfg.state_path:
+            self._reconcile_pending_state(cfg.state_path)
         if cfg.state_path and Path(cfg.state_path).exists():
             st = json.loads(Path(cfg.state_path).read_text())
             self.pipeline.set_state(st["pipeline"])
             self.offsets = {(t, int(p)): o for t, p, o in st["offsets"]}
             log.info("resumed from %s: %d samples, %d offsets", cfg.state_path, self.pipeline.counts["samples"],
                      len(self.offsets))
-        self.source = open_source(cfg.source, cfg.group, **(
-            {"max_poll_records": cfg.max_poll_records} if cfg.source.startswith("kafka://") else {}))
+        if hasattr(self.source, "on_revoke"):
+            self.source.on_revoke = self._on_revoke
         if cfg.source.startswith("file://") and self.offsets:
             self.source.seek_line(max(self.offsets.values()))
         self.replay = None
@@ -470,14 +479,77 @@ class Service:
     def request_stop(self, *_args) -> None:
         self.stopping.set()
 
+    def _reconcile_pending_state(self, path: str) -> None:
+        """Adopt or drop a checkpoint written but not yet renamed into place when the process died.
+
+        A checkpoint is written to ``<state>.pending``, its offsets are committed with a unique tag
+        as commit metadata, and only then renamed to ``<state>``: the state file never counts a
+        record whose offset the group has not committed, so after a crash a record counted here
+        is never counted again by the replica that takes over its partition.  If the process died
+        between the commit and the rename, the tag tells: committed -> adopt, else -> drop.
+        """
+        pending = Path(f"{path}.pending")
+        if not pending.exists():
+            return
+        try:
+            st = json.loads(pending.read_text())
+        except ValueError:
+            pending.unlink()
+            return
+        tps = [(t, int(p)) for t, p, _o in st.get("offsets", [])]
+        metadata = self.source.committed_metadata(tps) if tps and hasattr(self.source, "committed_metadata") else {}
+        if st.get("tag") and st["tag"] in metadata.values():
+            os.replace(pending, path)
+            log.warning("adopted checkpoint %s: its offsets were committed before the crash", st["tag"])
+        else:
+            pending.unlink()
+            log.warning("dropped an uncommitted checkpoint: its records are redelivered")
+
+    def _on_revoke(self, partitions: list[tuple[str, int]]) -> None:
+        """Rebalance: checkpoint and commit before the partitions go, so their next owner starts after us."""
+        log.info("partitions revoked: %s; checkpointing", partitions)
+        self.checkpoint()
+
+    def _export_lag(self) -> None:
+        """kafka-lag-exporter's per-partition gauges for the partitions this member owns now."""
+        m = self.metrics
+        for (t, p), lag in self.source.lag().items():
+            m.lag.labels(t, str(p)).set(lag)
+        if not hasattr(self.source, "lag_report"):
+            return
+        src = self.source
+        cluster = self.cfg.kafka_cluster_name or src.bootstrap
+        current: set[tuple[str, ...]] = set()
+        for r in src.lag_report():
+            labels = (cluster, src.group, r.topic, str(r.partition), src.member_host, src.consumer_id, src.client_id)
+            current.add(labels)
+            m.group_offset.labels(*labels).set(r.committed)
+            m.group_lag.labels(*labels).set(r.lag)
+            m.group_lag_seconds.labels(*labels).set(r.lag_seconds)
+            m.partition_latest_offset.labels(cluster, r.topic, str(r.partition)).set(r.end)
+        for labels in self._lag_labels - current:  # revoked partitions: their new owner reports them
+            for g in (m.group_offset, m.group_lag, m.group_lag_seconds):
+                g.remove(*labels)
+            if not any(c[2:4] == labels[2:4] for c in current):
+                with contextlib.suppress(KeyError):  # already gone
+                    m.partition_latest_offset.remove(labels[0], labels[2], labels[3])
+        self._lag_labels = current
+
     def step(self, timeout_s: float = 0.5) -> int:
         """One poll + process; returns the number of records handled."""
         records = self.source.poll(timeout_s, self.cfg.max_poll_records)
         # Micro-batching: a live topic hands out a few records per poll, and each process() call has
         # a fixed cost (vectoriser, chart updates) of a few ms; gather up to ``batch_linger_s`` more.
         deadline = time.monotonic() + self.cfg.batch_linger_s
+        rebalances = getattr(self.source, "rebalances", 0)
         while records and len(records) < self.cfg.max_poll_records and time.monotonic() < deadline:
             more = self.source.poll(max(0.0, deadline - time.monotonic()), self.cfg.max_poll_records - len(records))
+            if getattr(self.source, "rebalances", 0) != rebalances:
+                # Partitions were revoked while this batch gathered: records of those this member lost
+                # are left, unprocessed and uncommitted, to their new owner.
+                owned = self.source.assigned()
+                records = [r for r in records if (r.topic, r.partition) in owned]
+                rebalances = self.source.rebalances
             if not more:
                 break
             records += more
@@ -517,8 +589,7 @@ class Service:
                                 lambda k: k.startswith("skipped") or k == "failed")
         if self.replay is not None:
             self._export_counts("replay", self.replay.counts, self.metrics.replay_samples, lambda k: k != "submitted")
-        for (t, p), lag in self.source.lag().items():
-            self.metrics.lag.labels(t, str(p)).set(lag)
+        self._export_lag()
         if not self.uncommitted and not self.pipeline.control_dirty:
             return  # an ack / rebaseline with no new records still has to reach the state file
         if self.dlq is not None:
@@ -526,11 +597,19 @@ class Service:
         self.alerts.flush()
         self.offsets.update(self.uncommitted)
         self.pipeline.control_dirty = False
-        if self.cfg.state_path:
-            save_state(self.cfg.state_path, {"pipeline": self.pipeline.get_state(),
-                                             "offsets": [[t, p, o] for (t, p), o in self.offsets.items()]})
+        self._checkpoints += 1
+        tag = f"quality-sidecar:{self._instance}:{self._checkpoints}"
+        pending = f"{self.cfg.state_path}.pending"
+        if self.cfg.state_path:  # pending -> commit -> rename: see _reconcile_pending_state
+            save_state(pending, {"pipeline": self.pipeline.get_state(), "tag": tag,
+                                 "offsets": [[t, p, o] for (t, p), o in self.offsets.items()]})
         if self.uncommitted:
-            self.source.commit(dict(self.uncommitted))
+            if hasattr(self.source, "committed_metadata"):
+                self.source.commit(dict(self.uncommitted), metadata=tag)
+            else:
+                self.source.commit(dict(self.uncommitted))
+        if self.cfg.state_path:
+            os.replace(pending, self.cfg.state_path)
         self.uncommitted = {}
 
     def run(self) -> int:

@@ -40,6 +40,19 @@ class Metrics:
         self.dlq = Counter("quality_sidecar_dlq", "Messages sent to the dead-letter queue", ["reason"], registry=r)
         self.lag = Gauge("quality_sidecar_consumer_lag", "Messages behind the partition end",
                          ["topic", "partition"], registry=r)
+        # Consumer lag in kafka-lag-exporter's names and labels, per partition this member owns, from
+        # the group's committed offset (dashboards and alerts built for that exporter work unchanged).
+        group_labels = ["cluster_name", "group", "topic", "partition", "member_host", "consumer_id", "client_id"]
+        self.group_offset = Gauge("kafka_consumergroup_group_offset",
+                                  "The group's committed offset (next record to process) of a partition",
+                                  group_labels, registry=r)
+        self.group_lag = Gauge("kafka_consumergroup_group_lag",
+                               "Partition end offset minus the group's committed offset", group_labels, registry=r)
+        self.group_lag_seconds = Gauge("kafka_consumergroup_group_lag_seconds",
+                                       "Estimated age of the oldest uncommitted record (0 when caught up)",
+                                       group_labels, registry=r)
+        self.partition_latest_offset = Gauge("kafka_partition_latest_offset", "End offset of a partition",
+                                             ["cluster_name", "topic", "partition"], registry=r)
         self.alarm = Gauge("quality_sidecar_alarm", "1 while the detector is in alarm",
                            ["detector", "model", "arm"], registry=r)
         self.alarms = Counter("quality_sidecar_alarms", "Alarms raised", ["detector", "model", "arm"], registry=r)

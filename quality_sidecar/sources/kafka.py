@@ -2,29 +2,102 @@
 
 ``enable_auto_commit=False``: offsets are committed by the service after a batch is processed and
 its outputs flushed.  ``max_poll_records`` bounds memory (backpressure: unread messages stay in
-Kafka, and the lag gauge shows it).  The 10 s session timeout moves a killed member's partitions
+Kafka, and the lag gauges show it).  The 10 s session timeout moves a killed member's partitions
 to its replacement within ~10 s; shorter timeouts got healthy members evicted on a loaded machine
 (missed heartbeats while calibrating), which stalls consumption in rebalance loops.
+
+Several replicas in one group (scale-out): before this member gives up partitions in a rebalance,
+``on_revoke`` (set by the service) checkpoints and commits what it processed, so the next owner
+starts exactly after it; records fetched for a partition that was revoked meanwhile are dropped
+unprocessed (``rebalances`` tells the service that happened).
+
+Lag follows kafka-lag-exporter's convention (``LagReport``): offsets between the partition end
+and the group's committed offset, and an estimate in seconds - how long ago the partition end was
+first seen beyond the committed offset (a lower bound, within one checkpoint interval, of the age
+of the oldest uncommitted record; like kafka-lag-exporter it needs no message timestamps).
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from ..sinks.kafka_common import kafka_auth, parse_kafka_url
 from . import Record
+
+HW_HISTORY = 10_000  # (end offset, time) observations kept per partition: ~2.8 h of lag at 1 s checkpoints
+
+
+@dataclass(frozen=True)
+class LagReport:
+    """One partition's lag, as exported with kafka-lag-exporter's metric names and labels."""
+
+    topic: str
+    partition: int
+    committed: int  # kafka_consumergroup_group_offset: the group's next offset to process
+    lag: int  # kafka_consumergroup_group_lag: end offset - committed
+    lag_seconds: float  # kafka_consumergroup_group_lag_seconds
+    end: int  # kafka_partition_latest_offset
 
 
 class KafkaSource:
     def __init__(self, url: str, group: str, max_poll_records: int = 500, session_timeout_ms: int = 10000):
         from kafka import KafkaConsumer
+        from kafka.consumer.subscription_state import ConsumerRebalanceListener
 
         bootstrap, self.topic = parse_kafka_url(url)
+        self.bootstrap, self.group = bootstrap, group
+        self.member_host = os.environ.get("HOSTNAME") or socket.gethostname()
         self.consumer = KafkaConsumer(
-            self.topic, bootstrap_servers=bootstrap.split(","), group_id=group, enable_auto_commit=False,
+            bootstrap_servers=bootstrap.split(","), group_id=group, enable_auto_commit=False,
             auto_offset_reset="earliest", max_poll_records=max_poll_records,
             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=1000,
             max_partition_fetch_bytes=8 * 1024 * 1024, **kafka_auth())
+        self.client_id = str(self.consumer.config.get("client_id", ""))
         self.eof = False
-        self._last: dict[tuple[str, int], int] = {}
+        self.rebalances = 0  # bumped on every revocation: records fetched before it may be stale
+        self.on_revoke: Callable[[list[tuple[str, int]]], None] | None = None
+        self._last: dict[tuple[str, int], int] = {}  # next offset after the last polled record
+        self._committed: dict[tuple[str, int], int] = {}
+        self._ends: dict[tuple[str, int], deque[tuple[int, float]]] = {}
+        outer = self
+
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked) -> None:
+                outer.rebalances += 1
+                tps = [(tp.topic, tp.partition) for tp in revoked]
+                if outer.on_revoke is not None and tps:
+                    outer.on_revoke(tps)  # checkpoint + commit while this member still owns them
+                for tp in tps:
+                    outer._last.pop(tp, None)
+                    outer._committed.pop(tp, None)
+                    outer._ends.pop(tp, None)
+
+            def on_partitions_assigned(self, assigned) -> None:
+                for tp in assigned:
+                    try:
+                        c = outer.consumer.committed(tp)
+                    except Exception:  # noqa: BLE001 (lag reporting must not break consumption)
+                        c = None
+                    if c is not None:
+                        outer._committed[(tp.topic, tp.partition)] = c
+
+        self.consumer.subscribe([self.topic], listener=Listener())
+
+    @property
+    def consumer_id(self) -> str:
+        """The group member id the coordinator gave this consumer ("" before the first join)."""
+        try:
+            return str(self.consumer._coordinator._generation.member_id or "")
+        except AttributeError:
+            return ""
+
+    def assigned(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
 
     def poll(self, timeout_s: float = 0.5, max_records: int | None = None) -> list[Record]:
         batches = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
@@ -36,13 +109,27 @@ class KafkaSource:
                 self._last[(tp.topic, tp.partition)] = msgs[-1].offset + 1
         return out
 
-    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+    def commit(self, offsets: dict[tuple[str, int], int], metadata: str = "") -> None:
         from kafka.structs import OffsetAndMetadata, TopicPartition
 
         if offsets:
-            self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+            self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, metadata, -1)
+                                  for (t, p), o in offsets.items()})
+            self._committed.update(offsets)
+
+    def committed_metadata(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        """The group's committed metadata string per partition (for reconciling a state checkpoint)."""
+        from kafka.structs import TopicPartition
+
+        out = {}
+        for t, p in partitions:
+            om = self.consumer.committed(TopicPartition(t, p), metadata=True)
+            if om is not None:
+                out[(t, p)] = om.metadata or ""
+        return out
 
     def lag(self) -> dict[tuple[str, int], int]:
+        """Records not yet polled, per partition (the old ``quality_sidecar_consumer_lag``)."""
         from kafka.structs import TopicPartition
 
         out = {}
@@ -50,6 +137,27 @@ class KafkaSource:
             hw = self.consumer.highwater(TopicPartition(t, p))
             if hw is not None:
                 out[(t, p)] = max(0, hw - pos)
+        return out
+
+    def lag_report(self, now: float | None = None) -> list[LagReport]:
+        """Committed-offset lag of every assigned partition whose end offset is known."""
+        from kafka.structs import TopicPartition
+
+        now = time.time() if now is None else now
+        out = []
+        for t, p in sorted(self.assigned()):
+            end = self.consumer.highwater(TopicPartition(t, p))
+            committed = self._committed.get((t, p))
+            if end is None or committed is None:
+                continue
+            hist = self._ends.setdefault((t, p), deque(maxlen=HW_HISTORY))
+            if not hist or hist[-1][0] != end:
+                hist.append((end, now))
+            while hist and hist[0][0] <= committed:  # ends already consumed say nothing about the lag
+                hist.popleft()
+            lag = max(0, end - committed)
+            seconds = max(0.0, now - hist[0][1]) if lag and hist else 0.0
+            out.append(LagReport(t, p, committed, lag, seconds, end))
         return out
 
     @property
