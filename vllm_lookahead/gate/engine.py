@@ -128,7 +128,11 @@ class GateEngine:
             kwargs["max_model_len"] = self.opts.max_model_len
         if self.spec.speculative:
             kwargs["per_request_spec_decode_metrics"] = "detailed"
+        from vllm_lookahead.vllm.fixes import apply_tool_fixes, fix_cpu_expand_if_broken
+
+        apply_tool_fixes()  # before: a second in-process engine (rebind scan fix, if the probe needs it)
         self.llm = LLM(**kwargs)
+        fix_cpu_expand_if_broken()  # every arm samples at T>0: vLLM's CPU expand kernel, if broken
         return self
 
     def __exit__(self, *exc: object) -> None:

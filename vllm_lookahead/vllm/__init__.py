@@ -1,2 +1,4 @@
-"""Everything that touches vLLM internals lives in this sub-package, pinned to the vLLM minor version
-in ``version.SUPPORTED_VLLM``; each patch says why it exists.  Importing it checks the version."""
+"""Everything that touches vLLM internals lives in this sub-package: every patch is declared in
+``patches.PATCHES`` (applied only where the plugin is used), every vLLM symbol it relies on is listed in
+``compat.USES``, and the supported vLLM range is read from the package metadata (``version``).
+Importing it imports nothing of vLLM."""

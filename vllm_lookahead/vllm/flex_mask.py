@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-_MARK = "_vllm_lookahead_flex"
+from . import patches
 
 
 @dataclass(frozen=True)
@@ -62,24 +62,19 @@ def lade_mask_mod(tables: LadeMaskTables, req: torch.Tensor, logical_q: torch.Te
     return torch.where(base >= 0, lade & (logical_q >= logical_kv), logical_q >= logical_kv)
 
 
-def install_flex_mask_patch(current_tables: Any, on_build: Any = None) -> bool:
-    """Wrap ``FlexAttentionMetadata.get_paged_mask_mod`` so flagged requests get LADE's mask.
+_CURRENT_TABLES: Any = None
+_ON_BUILD: Any = None
 
-    ``current_tables()`` returns this step's ``LadeMaskTables`` or None (no 2D request in the step);
-    ``on_build(metadata)`` is called when a LADE mask is built (the 2D path takes the slot mapping there).
-    """
-    from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadata
 
-    if getattr(FlexAttentionMetadata.get_paged_mask_mod, _MARK, False):
-        return False
-    original = FlexAttentionMetadata.get_paged_mask_mod
-
+@patches.declare("flex_lade_mask", "vllm.v1.attention.backends.flex_attention:FlexAttentionMetadata.get_paged_mask_mod",
+                 "2D layout on CUDA: LADE's mask for flagged requests inside FlexAttention", "worker")
+def _build_paged_mask_mod(original: Any) -> Any:
     def get_paged_mask_mod(self: Any) -> Any:
-        tables = current_tables()
+        tables = _CURRENT_TABLES() if _CURRENT_TABLES is not None else None
         if tables is None:
             return original(self)
-        if on_build is not None:
-            on_build(self)
+        if _ON_BUILD is not None:
+            _ON_BUILD(self)
         doc_ids = self.doc_ids
 
         def final_mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, physical_kv_idx: torch.Tensor):
@@ -88,7 +83,15 @@ def install_flex_mask_patch(current_tables: Any, on_build: Any = None) -> bool:
 
         return final_mask_mod
 
-    setattr(get_paged_mask_mod, _MARK, True)
-    get_paged_mask_mod.__wrapped__ = original  # type: ignore[attr-defined]
-    FlexAttentionMetadata.get_paged_mask_mod = get_paged_mask_mod
-    return True
+    return get_paged_mask_mod
+
+
+def install_flex_mask_patch(current_tables: Any, on_build: Any = None) -> bool:
+    """Wrap ``FlexAttentionMetadata.get_paged_mask_mod`` so flagged requests get LADE's mask.
+
+    ``current_tables()`` returns this step's ``LadeMaskTables`` or None (no 2D request in the step);
+    ``on_build(metadata)`` is called when a LADE mask is built (the 2D path takes the slot mapping there).
+    """
+    global _CURRENT_TABLES, _ON_BUILD
+    _CURRENT_TABLES, _ON_BUILD = current_tables, on_build
+    return patches.apply("flex_lade_mask")

@@ -1,4 +1,5 @@
-"""Frontend hooks into vLLM 0.32 for request telemetry (pinned: every patch names what it relies on).
+"""Frontend hooks into vLLM for request telemetry (every patch names what it relies on; applied through
+``patches`` and listed in ``compat.USES``; written against 0.32, 0.33 checked statically).
 
 Read from vllm 0.32.0 (``vllm/v1/engine/output_processor.py``, ``async_llm.py``, ``llm_engine.py``).
 All wrappers call the original first or last and never let a telemetry error escape.  Patches:
@@ -40,9 +41,22 @@ from typing import Any
 
 from vllm_lookahead.telemetry.record import Decoder, FinishedRequest
 
+from . import patches
+from .version import check_vllm_version
+
 logger = logging.getLogger("vllm_lookahead.telemetry")
 
-PINNED_MINOR = "0.32"
+_OP = "vllm.v1.engine.output_processor:"
+for _name, _target in (("telemetry_AsyncLLM_init", "vllm.v1.engine.async_llm:AsyncLLM.__init__"),
+                       ("telemetry_LLMEngine_init", "vllm.v1.engine.llm_engine:LLMEngine.__init__"),
+                       ("telemetry_async_add_request", "vllm.v1.engine.async_llm:AsyncLLM.add_request"),
+                       ("telemetry_add_request", _OP + "OutputProcessor.add_request"),
+                       ("telemetry_finished", _OP + "OutputProcessor._update_stats_from_finished"),
+                       ("telemetry_abort", _OP + "OutputProcessor.abort_requests"),
+                       ("telemetry_process_outputs", _OP + "OutputProcessor.process_outputs"),
+                       ("telemetry_make_request_output", _OP + "RequestState.make_request_output")):
+    patches.declare_target(_name, _target, "request telemetry (module docstring, hooks 1-7)", "frontend")
+
 _ATTR = "_vllm_lookahead"  # attribute holding our per-request / per-engine info
 _incoming_trace_headers: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "vllm_lookahead_trace_headers", default=None)
@@ -258,15 +272,11 @@ def apply(telemetry: Any) -> None:
     global _applied
     if _applied:
         return
-    import vllm
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.llm_engine import LLMEngine
     from vllm.v1.engine.output_processor import OutputProcessor
 
-    if not vllm.__version__.startswith(PINNED_MINOR + "."):
-        raise RuntimeError(f"vllm_lookahead telemetry hooks are written for vLLM {PINNED_MINOR}.x, "
-                           f"found {vllm.__version__}: set VLLM_LOOKAHEAD_TELEMETRY=0 or install "
-                           f"vllm {PINNED_MINOR}")
+    check_vllm_version()  # the supported range (package metadata); telemetry is a use of the plugin
     cfg = telemetry.config
 
     def _wrap_engine_init(cls: type, unique_ids: bool) -> None:
@@ -289,7 +299,7 @@ def apply(telemetry: Any) -> None:
             except Exception:  # noqa: BLE001
                 logger.warning("telemetry: could not describe the engine", exc_info=True)
 
-        cls.__init__ = __init__
+        patches.apply(f"telemetry_{cls.__name__}_init", lambda _orig: __init__)
 
     _wrap_engine_init(AsyncLLM, unique_ids=True)  # API server ids: "cmpl-<uuid>", "chatcmpl-<uuid>"
     _wrap_engine_init(LLMEngine, unique_ids=False)  # vllm.LLM ids: "0", "1", ... in every process
@@ -310,7 +320,7 @@ def apply(telemetry: Any) -> None:
         finally:
             _incoming_trace_headers.reset(token)
 
-    AsyncLLM.add_request = add_request
+    patches.apply("telemetry_async_add_request", lambda _orig: add_request)
 
     # 3. sampling params, trace parent, arrival
     orig_add = OutputProcessor.add_request
@@ -339,7 +349,7 @@ def apply(telemetry: Any) -> None:
         except Exception:  # noqa: BLE001
             logger.debug("telemetry add_request hook failed", exc_info=True)
 
-    OutputProcessor.add_request = op_add_request
+    patches.apply("telemetry_add_request", lambda _orig: op_add_request)
 
     # 4. the finish hook
     orig_finished = OutputProcessor._update_stats_from_finished
@@ -357,7 +367,7 @@ def apply(telemetry: Any) -> None:
         except Exception:  # noqa: BLE001
             logger.debug("telemetry finish hook failed", exc_info=True)
 
-    OutputProcessor._update_stats_from_finished = _update_stats_from_finished
+    patches.apply("telemetry_finished", lambda _orig: _update_stats_from_finished)
 
     # 5. aborts
     orig_abort = OutputProcessor.abort_requests
@@ -378,7 +388,7 @@ def apply(telemetry: Any) -> None:
                 logger.debug("telemetry abort hook failed", exc_info=True)
         return aborted
 
-    OutputProcessor.abort_requests = abort_requests
+    patches.apply("telemetry_abort", lambda _orig: abort_requests)
 
     # 6. first-token time when vLLM keeps no stats
     orig_process = OutputProcessor.process_outputs
@@ -399,7 +409,7 @@ def apply(telemetry: Any) -> None:
                 pass
         return orig_process(self, engine_core_outputs, *args, **kwargs)
 
-    OutputProcessor.process_outputs = process_outputs
+    patches.apply("telemetry_process_outputs", lambda _orig: process_outputs)
 
     # 7. the final stop reason (stop string or stop token id)
     from vllm.v1.engine.output_processor import RequestState
@@ -416,5 +426,5 @@ def apply(telemetry: Any) -> None:
         return orig_make_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
                                 *args, **kwargs)
 
-    RequestState.make_request_output = make_request_output
+    patches.apply("telemetry_make_request_output", lambda _orig: make_request_output)
     _applied = True

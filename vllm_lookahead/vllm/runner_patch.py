@@ -1,4 +1,4 @@
-"""The one patch lookahead needs inside vLLM 0.32's model runner.
+"""The one patch lookahead needs inside vLLM's model runner (patch ``runner_sample``).
 
 Why: vLLM's rejection sampler computes the target's argmax at every draft position but returns only
 the accepted prefix.  Lookahead needs the argmax *past* the first rejection too -- it is the next
@@ -9,30 +9,23 @@ covers CPU and CUDA.
 
 What: wrap ``_sample`` so that, before sampling, the proposer's ``capture_verification(runner, logits,
 metadata)`` runs, and after it ``finish_verification(runner, sampler_output)`` (the 2D layout's
-multi-candidate verifier rewrites its requests' rows there, ``lade2d.py``).  It only launches an argmax and an asynchronous device-to-host copy (no host sync on
-CUDA); the result is read in ``propose()``, which vLLM calls after its own bookkeeping sync.
+multi-candidate verifier rewrites its requests' rows there, ``lade2d.py``).  It only launches an argmax
+and an asynchronous device-to-host copy (no host sync on CUDA); the result is read in ``propose()``,
+which vLLM calls after its own bookkeeping sync.  Runners whose drafter is not ours pass straight through.
 
-Pinned to vLLM 0.32 (checked by ``version.check_vllm_version``); re-applying is a no-op.
+Applied by ``LookaheadProposer.__init__`` (worker), through ``patches.apply``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .version import check_vllm_version
-
-_MARK = "_vllm_lookahead_hook"
+from . import patches
 
 
-def install_runner_hook() -> bool:
-    """Patch ``GPUModelRunner._sample`` once per process; returns True if this call installed it."""
-    check_vllm_version()
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    if getattr(GPUModelRunner._sample, _MARK, False):
-        return False
-    original = GPUModelRunner._sample
-
+@patches.declare("runner_sample", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._sample",
+                 "expose the target argmax at every verified position to the lookahead proposer", "worker")
+def _build_sample(original: Any) -> Any:
     def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
         drafter = getattr(self, "drafter", None)
         capture = getattr(drafter, "capture_verification", None)
@@ -44,8 +37,10 @@ def install_runner_hook() -> bool:
             finish(self, output)
         return output
 
-    setattr(_sample, _MARK, True)
-    _sample.__wrapped__ = original  # type: ignore[attr-defined]
     _sample.__doc__ = original.__doc__
-    GPUModelRunner._sample = _sample
-    return True
+    return _sample
+
+
+def install_runner_hook() -> bool:
+    """Patch ``GPUModelRunner._sample`` once per process; returns True if this call installed it."""
+    return patches.apply("runner_sample")
