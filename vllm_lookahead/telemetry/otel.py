@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from .record import FinishedRequest, spec_summary
@@ -194,7 +195,11 @@ class OTelEmitter:
         attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "vllm"}
         resource = Resource.create(attrs)
         self.ids = _preset_id_generator_class()()
-        self.tracer_provider = TracerProvider(resource=resource, id_generator=self.ids)
+        # shutdown_on_exit=False: the SDK's own atexit hook would call the unbounded shutdown() again
+        # and hold process exit for a whole export timeout; FrontendTelemetry's atexit hook calls
+        # self.shutdown() (bounded) instead.
+        self.tracer_provider = TracerProvider(resource=resource, id_generator=self.ids,
+                                              shutdown_on_exit=False)
         exporter = self._span_exporter if self._span_exporter is not None else make_span_exporter()
         if exporter is not None:
             # BatchSpanProcessor: bounded queue (OTEL_BSP_MAX_QUEUE_SIZE), drops when full, exports on
@@ -202,7 +207,8 @@ class OTelEmitter:
             self.tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.tracer_provider.get_tracer("vllm_lookahead", plugin_version)
         reader = self._metric_reader if self._metric_reader is not None else make_metric_reader()
-        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader] if reader else [])
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader] if reader else [],
+                                            shutdown_on_exit=False)
         self.meter = self.meter_provider.get_meter("vllm_lookahead", plugin_version)
         m = self.meter
         self._instruments = {
@@ -269,15 +275,40 @@ class OTelEmitter:
             tokens.add(attrs[f"{NS}.spec.draft_tokens"], {**labels, "gen_ai.token.type": "draft"})
             tokens.add(attrs[f"{NS}.spec.accepted_tokens"], {**labels, "gen_ai.token.type": "accepted"})
 
-    def shutdown(self, timeout_s: float) -> None:
-        ms = int(max(0.1, timeout_s) * 1000)
+    def shutdown(self, timeout_s: float) -> bool:
+        """Flush and shut both providers down within ``timeout_s``; True when that finished in time.
+
+        ``TracerProvider.shutdown()`` takes no timeout: it joins the batch processor's thread, which
+        may be inside an OTLP export to a collector that accepts and never answers (10 s exporter
+        timeout, then retries).  So the whole sequence runs on a daemon thread joined with the
+        deadline; past it we return (process exit is not held up) and what was not exported is lost.
+        """
         if self._stopped:
-            return
+            return True
         self._stopped = True
-        if self.tracer_provider is not None:
+        timeout_s = max(0.1, timeout_s)
+        deadline = time.monotonic() + timeout_s
+
+        def left_ms() -> int:
+            return max(1, int((deadline - time.monotonic()) * 1000))
+
+        def run() -> None:
             try:
-                self.tracer_provider.force_flush(ms)
-            finally:
-                self.tracer_provider.shutdown()
-        if self.meter_provider is not None:
-            self.meter_provider.shutdown(timeout_millis=ms)
+                if self.tracer_provider is not None:
+                    try:
+                        self.tracer_provider.force_flush(left_ms())
+                    finally:
+                        self.tracer_provider.shutdown()
+                if self.meter_provider is not None:
+                    self.meter_provider.shutdown(timeout_millis=left_ms())
+            except Exception:  # noqa: BLE001 (shutdown must not raise)
+                logger.debug("OTel shutdown failed", exc_info=True)
+
+        thread = threading.Thread(target=run, name="vllm-lookahead-otel-shutdown", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            logger.warning("OpenTelemetry exporters did not shut down within %.1f s (collector not "
+                           "answering?); unexported spans/metrics are dropped", timeout_s)
+            return False
+        return True
