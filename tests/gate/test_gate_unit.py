@@ -316,3 +316,72 @@ def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--candidate" in out and "custom:pkg.module.Class" in out
+
+
+# ---------------------------------------------------------------- non-inferiority, JUnit, acceptance floor
+def test_noninferiority_score_test_keeps_level_and_has_power() -> None:
+    """Tango's paired score test by simulation: at the margin (delta = -m) it rejects <= alpha (+MC
+    error); at delta = 0 with 10% discordance and 300 items it proves non-inferiority most of the time;
+    no discordant pair proves nothing on 12 items but does on 122."""
+    rng = np.random.default_rng(0)
+    m, alpha = 0.05, 0.05
+    for n, p10 in ((60, 0.08), (122, 0.06), (122, 0.15), (300, 0.08)):
+        x = rng.multinomial(n, [p10, p10 - m, 1 - 2 * p10 + m], size=4000)
+        level = np.mean([stats.paired_noninferiority_p(a, b, n, m) < alpha for a, b, _ in x])
+        assert level <= alpha + 3 * np.sqrt(alpha * (1 - alpha) / 4000), (n, p10, level)
+    x = rng.multinomial(300, [0.05, 0.05, 0.9], size=2000)
+    power = np.mean([stats.paired_noninferiority_p(a, b, 300, m) < alpha for a, b, _ in x])
+    assert power > 0.8
+    assert stats.paired_noninferiority_p(0, 0, 12, m) > 0.2
+    assert stats.paired_noninferiority_p(0, 0, 122, m) < 0.01
+    with pytest.raises(ValueError, match="margin"):
+        stats.paired_noninferiority_p(0, 0, 10, 0.0)
+
+
+def test_policy_ni_margin_and_acceptance_floor_are_validated(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="ni_margin must be in"):
+        validate({"criteria": {"pass_rate_overall": {"ni_margin": 1.5}}})
+    with pytest.raises(PolicyError, match="min_mean_length must be >= 1"):
+        validate({"criteria": {"acceptance_length": {"min_mean_length": 0.5}}})
+    p = validate({"criteria": {"pass_rate_overall": {"ni_margin": 0.05}, "acceptance_length": {"required": True}}})
+    assert p["criteria"]["pass_rate_overall"]["ni_margin"] == 0.05
+
+
+def test_ni_margin_needs_enough_items_and_acceptance_floor_bites(tmp_path: Path) -> None:
+    """Identical arms on 40 items: PASS without a margin, FAIL with ni_margin 0.05 (40 items cannot
+    prove it: 40*0.05/0.95 < 2.7) and PASS at 0.15; the constructed candidate accepts 6 of 8 drafted
+    tokens over 2 drafting steps per request -> mean acceptance length 4, under a floor of 5 it FAILs."""
+    texts, ids = ["ok\n" if i % 2 == 0 else "no\n" for i in range(40)], [[i, 1, 2, 3] for i in range(40)]
+    clfs = load_classifiers(["degenerate"])
+    pol = load_policy()
+    pol["criteria"]["sampled"]["required"] = False
+    base, cand = _arms(texts, ids)
+    res = analyse(_items(), base, cand, pol, clfs, ["i0"])
+    acc = next(c for c in res["criteria"] if c["name"] == "acceptance_length")
+    assert res["verdict"] == "PASS" and acc["measured"] == 4.0 and not acc["required"]
+    pol["criteria"]["pass_rate_overall"]["ni_margin"] = 0.05
+    res = analyse(_items(), base, cand, pol, clfs, ["i0"])
+    assert res["failed"] == ["pass_rate_overall"] and "non-inferiority (margin 0.05)" in res["criteria"][0]["detail"]
+    pol["criteria"]["pass_rate_overall"]["ni_margin"] = 0.15
+    pol["criteria"]["acceptance_length"].update(required=True, min_mean_length=5.0)
+    res = analyse(_items(), base, cand, pol, clfs, ["i0"])
+    assert res["failed"] == ["acceptance_length"], res["criteria"]
+
+
+def test_junit_xml_lists_criteria_and_failures(tmp_path: Path) -> None:
+    from xml.etree import ElementTree as ET
+
+    from vllm_lookahead.gate.report import junit_xml
+
+    texts = ["ok\n" if i % 2 == 0 else "no\n" for i in range(40)]
+    pol = load_policy()
+    pol["criteria"]["sampled"]["required"] = False
+    base, _ = _arms(texts, [[i, 1, 2, 3] for i in range(40)])
+    _, cand = _arms(["no\n"] * 40, [[i, 9, 2, 3] for i in range(40)])
+    res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0"])
+    root = ET.fromstring(junit_xml(res))
+    suite = root.find("testsuite")
+    assert suite is not None and int(suite.get("tests")) == len(res["criteria"])
+    failed = sorted(c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None)
+    assert failed == sorted(res["failed"]) and "exact_match" in failed
+    assert int(suite.get("failures")) == len(res["failed"])

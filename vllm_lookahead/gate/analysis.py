@@ -262,18 +262,31 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
     criteria = []
     c = crit_pol["pass_rate_overall"]
     sig = overall.p_value < alpha and overall.delta < 0
+    ni_txt, ni_ok = "", True
+    if c.get("ni_margin"):
+        p_ni = stats.paired_noninferiority_p(overall.n10, overall.n01, overall.n, c["ni_margin"])
+        ni_ok = p_ni < alpha
+        ni_txt = f" and delta > -{c['ni_margin']} proven (non-inferiority p < {alpha})"
     criteria.append(_crit(
-        "pass_rate_overall", round(overall.delta, 4), f"delta >= -{c['max_drop']} and no significant drop (p < {alpha})",
-        not (overall.delta < -c["max_drop"] or sig), True,
+        "pass_rate_overall", round(overall.delta, 4),
+        f"delta >= -{c['max_drop']} and no significant drop (p < {alpha})" + ni_txt,
+        not (overall.delta < -c["max_drop"] or sig) and ni_ok, True,
         f"baseline {overall.base_rate:.3f} -> candidate {overall.cand_rate:.3f}, "
         f"{overall.n10} regressions / {overall.n01} improvements, McNemar p={overall.p_value:.3g}, "
-        f"{int(boot['confidence'] * 100)}% CI [{overall.ci_low:+.3f}, {overall.ci_high:+.3f}]"))
+        f"{int(boot['confidence'] * 100)}% CI [{overall.ci_low:+.3f}, {overall.ci_high:+.3f}]" +
+        (f", non-inferiority (margin {c['ni_margin']}) p={p_ni:.3g}" if ni_txt else "")))
     c = crit_pol["pass_rate_per_task"]
-    bad = [r for r in per_task if r["delta"] < -c["max_drop"] or (r["p_adjusted"] < alpha and r["delta"] < 0)]
+    if c.get("ni_margin"):
+        ps = [stats.paired_noninferiority_p(r["n10"], r["n01"], r["n"], c["ni_margin"]) for r in per_task]
+        for r, padj in zip(per_task, stats.adjust_pvalues(ps, method)):
+            r["ni_p_adjusted"] = padj
+    bad = [r for r in per_task if r["delta"] < -c["max_drop"] or (r["p_adjusted"] < alpha and r["delta"] < 0)
+           or r.get("ni_p_adjusted", 0.0) >= alpha]
     worst = min(per_task, key=lambda r: r["delta"])
     criteria.append(_crit(
         "pass_rate_per_task", round(worst["delta"], 4),
-        f"every task: delta >= -{c['max_drop']} and no significant drop ({method}-adjusted p < {alpha})",
+        f"every task: delta >= -{c['max_drop']} and no significant drop ({method}-adjusted p < {alpha})" +
+        (f" and delta > -{c['ni_margin']} proven (adjusted non-inferiority p < {alpha})" if c.get("ni_margin") else ""),
         not bad, True, f"worst task {worst['task']} ({worst['delta']:+.3f}); failing: "
         f"{', '.join(r['task'] for r in bad) or 'none'}"))
     c = crit_pol["exact_match"]
@@ -291,11 +304,18 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         f"A/A {1 - aa_mm / max(1, aa_n):.3f} ({aa_mm}/{aa_n} differ, {base.aa.mode if base.aa else 'not run'} "
         f"vs all at once); one-sided Fisher p={p_exact:.3g}" + seq_txt))
     c = crit_pol["behaviour"]
-    bad_b = [r for r in behaviour if r["delta"] > c["max_increase"] or (r["p_adjusted"] < alpha and r["delta"] > 0)]
+    if c.get("ni_margin") and behaviour:
+        # a flag is bad: "non-inferior" = the increase is proven below the margin (roles swapped)
+        ps = [stats.paired_noninferiority_p(r["n01"], r["n10"], r["n"], c["ni_margin"]) for r in behaviour]
+        for r, padj in zip(behaviour, stats.adjust_pvalues(ps, method)):
+            r["ni_p_adjusted"] = padj
+    bad_b = [r for r in behaviour if r["delta"] > c["max_increase"] or (r["p_adjusted"] < alpha and r["delta"] > 0)
+             or r.get("ni_p_adjusted", 0.0) >= alpha]
     worst_b = max(behaviour, key=lambda r: r["delta"]) if behaviour else None
     criteria.append(_crit(
         "behaviour", round(worst_b["delta"], 4) if worst_b else 0.0,
-        f"every classifier: flag-rate increase <= {c['max_increase']} and not significant",
+        f"every classifier: flag-rate increase <= {c['max_increase']} and not significant" +
+        (f" and increase < {c['ni_margin']} proven" if c.get("ni_margin") else ""),
         not bad_b, True, "; ".join(f"{r['classifier']} {r['base_rate']:.3f}->{r['cand_rate']:.3f}" for r in behaviour)))
     c = crit_pol["sampled"]
     if sampled is None:
@@ -328,6 +348,16 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         (speedup >= c["min_speedup"]) if speedup else None, bool(c["required"]),
         f"baseline {bt or 0:.1f} tok/s, candidate {ct or 0:.1f} tok/s; compression {lat_c['compression'] or 1:.2f} "
         f"tokens/step, acceptance {lat_c['acceptance_rate'] if lat_c['acceptance_rate'] is not None else float('nan'):.3f}"))
+
+    c = crit_pol["acceptance_length"]
+    mal = lat_c.get("mean_acceptance_length")
+    speculative = bool(lat_c.get("drafts")) or bool(lat_c["drafted_tokens"])
+    criteria.append(_crit(
+        "acceptance_length", round(mal, 3) if mal else None,
+        f"speculative candidate: mean acceptance length >= {c['min_mean_length']} tokens per verify step",
+        (mal >= c["min_mean_length"]) if speculative and mal else None, bool(c["required"]) and speculative,
+        (f"{lat_c['accepted_tokens']} of {lat_c['drafted_tokens']} drafted tokens accepted over "
+         f"{lat_c.get('drafts')} drafting steps" if speculative else "candidate drafts no tokens: not speculative")))
 
     failed = [x["name"] for x in criteria if x["required"] and x["passed"] is not True]
     # a required criterion that could not be measured (None) fails the gate too

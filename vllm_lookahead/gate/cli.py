@@ -126,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(criteria_table(result))
     print(f"\nverdict: {result['verdict']}" + (f" (failed: {', '.join(result['failed'])})" if result["failed"] else ""))
+    mde = result["mde"]
+    print(f"minimum detectable pass-rate change (80% power, alpha {policy['alpha']}) for these {result['n_items']} "
+          f"items: {mde['pass_rate_delta_at_80pct_power'] if mde['pass_rate_delta_at_80pct_power'] is None else round(mde['pass_rate_delta_at_80pct_power'], 3)} "
+          f"(observed discordance {mde['observed_discordance']:.3f})")
     print(f"report: {paths['html']} (also {paths['markdown'].name}, {paths['json'].name}, {paths['junit'].name}); "
           f"gate wall time {result['meta']['wall_s']:.1f} s")
     return 0 if result["verdict"] == "PASS" else 1

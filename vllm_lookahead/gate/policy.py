@@ -14,13 +14,15 @@ import yaml
 
 DEFAULT_POLICY = Path(__file__).with_name("default_policy.yaml")
 MANDATORY = ("pass_rate_overall", "pass_rate_per_task", "exact_match", "behaviour")
+MARGIN = (int, float, type(None))
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "pass_rate_overall": {"max_drop": (int, float), "required": bool},
-    "pass_rate_per_task": {"max_drop": (int, float), "required": bool},
+    "pass_rate_overall": {"max_drop": (int, float), "required": bool, "ni_margin": MARGIN},
+    "pass_rate_per_task": {"max_drop": (int, float), "required": bool, "ni_margin": MARGIN},
     "exact_match": {"max_excess_mismatch": (int, float), "required": bool},
-    "behaviour": {"max_increase": (int, float), "classifiers": list, "required": bool},
+    "behaviour": {"max_increase": (int, float), "classifiers": list, "required": bool, "ni_margin": MARGIN},
     "sampled": {"required": bool, "samples_per_item": int, "temperature": (int, float), "alpha": (int, float)},
     "latency": {"required": bool, "min_speedup": (int, float)},
+    "acceptance_length": {"required": bool, "min_mean_length": (int, float)},
 }
 TOP = {"version", "alpha", "multiple_testing", "bootstrap", "criteria", "runs"}
 
@@ -30,7 +32,7 @@ class PolicyError(ValueError):
 
 
 def _check_type(path: str, value: Any, typ: type | tuple[type, ...]) -> None:
-    if isinstance(value, bool) and typ in ((int, float), int):
+    if isinstance(value, bool) and typ in ((int, float), int, MARGIN):
         raise PolicyError(f"policy: {path} must be a number, got {value!r}")
     if not isinstance(value, typ):
         raise PolicyError(f"policy: {path} has the wrong type ({type(value).__name__}): {value!r}")
@@ -87,6 +89,12 @@ def validate(policy: Any) -> dict[str, Any]:
                       ("exact_match", "max_excess_mismatch"), ("behaviour", "max_increase")):
         if not 0 <= c[name][key] <= 1:
             raise PolicyError(f"policy: criteria.{name}.{key} must be in [0, 1], got {c[name][key]}")
+    for name in ("pass_rate_overall", "pass_rate_per_task", "behaviour"):
+        m = c[name].get("ni_margin")
+        if m is not None and not 0 < m < 1:
+            raise PolicyError(f"policy: criteria.{name}.ni_margin must be in (0, 1) or null, got {m}")
+    if c["acceptance_length"]["min_mean_length"] < 1:
+        raise PolicyError("policy: criteria.acceptance_length.min_mean_length must be >= 1 (tokens per verify step)")
     if c["sampled"]["samples_per_item"] < 0 or c["sampled"]["temperature"] <= 0:
         raise PolicyError("policy: criteria.sampled needs samples_per_item >= 0 and temperature > 0")
     if c["sampled"]["samples_per_item"] == 0 and c["sampled"]["required"]:

@@ -1,0 +1,173 @@
+"""Endpoint mode against real vLLM OpenAI servers (CPU, demo model, float32): the gate between a plain
+baseline server and a lookahead candidate server PASSes; a candidate server with a greedy fault FAILs
+on exact match, one with a T>0-only fault FAILs on the T>0 check alone; a dead candidate is exit 2.
+
+The faulty servers load the test-only proposers of vllm_lookahead.gate.faulty through
+``--speculative-config model=<class>`` (a real decoder cannot be made to misbehave on demand, hence
+the patches; they act in the server's engine process).  All servers start once, in parallel, for the
+module; one baseline arm (greedy, A/A, latency, T>0 samples) is shared by every candidate, and the
+baseline endpoint scores all T>0 samples.  Small subset: 2 items per task (no sandboxed tests), at
+most 48 tokens, 8 samples per item at T=0.8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_lookahead.devtools.vllm_server import VllmServer
+from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
+from vllm_lookahead.gate.policy import load_policy
+from vllm_lookahead.gate.run import (
+    Endpoints,
+    GateInputs,
+    evaluate,
+    preflight,
+    run_baseline,
+    run_candidate,
+    score_samples,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+FAULTY = "vllm_lookahead.gate.faulty."
+COMMON = ["--served-model-name", "demo", "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32",
+          "--seed", "0"]
+
+
+def _spec(cls: str, k: int = 4, extra: dict[str, Any] | None = None) -> list[str]:
+    args = ["--speculative-config", json.dumps({"model": cls, "num_speculative_tokens": k})]
+    if extra:
+        args += ["--additional-config", json.dumps(extra)]
+    return args
+
+
+SERVERS: dict[str, list[str]] = {
+    "baseline": [],
+    "lookahead": _spec("vllm_lookahead.LookaheadProposer"),
+    "greedy_fault": _spec(FAULTY + "CorruptTokenProposer", extra={"custom_proposer": {"fraction": 0.5, "position": 1}}),
+    "t_fault": _spec(FAULTY + "DraftTemperatureProposer", extra={"custom_proposer": {"factor": 0.7}}),
+}
+
+
+@pytest.fixture(scope="module")
+def servers(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
+    srvs = {name: VllmServer(str(demo_model), env={}, args=COMMON + args,
+                             workdir=str(tmp_path_factory.mktemp(name)))
+            for name, args in SERVERS.items()}
+    try:
+        with ThreadPoolExecutor(len(srvs)) as pool:  # start together: most of a start is waiting
+            list(pool.map(lambda s: s.start(timeout_s=900), srvs.values()))
+        yield srvs
+    finally:
+        for s in srvs.values():
+            s.stop()
+
+
+def _inputs(servers: dict[str, VllmServer], candidate: str) -> GateInputs:
+    pol = load_policy()
+    pol["criteria"]["sampled"]["samples_per_item"] = 8
+    pol["runs"]["latency_items"] = 2
+    items = [dataclasses.replace(it, max_tokens=min(it.max_tokens or 48, 48))
+             for it in load_eval_set(DEFAULT_EVAL_SET, limit=2) if it.task != "unit_tests"]
+    ep = Endpoints(servers["baseline"].url, servers[candidate].url, "demo")
+    return GateInputs(None, items, "subset", None, None, pol, default_max_tokens=48, endpoints=ep)
+
+
+@pytest.fixture(scope="module")
+def gates(servers: dict[str, VllmServer]) -> dict[str, Any]:
+    base_inp = _inputs(servers, "lookahead")
+    clfs = preflight(base_inp)
+    base = run_baseline(base_inp)
+    cands = {}
+    for name in ("lookahead", "greedy_fault", "t_fault"):
+        inp = _inputs(servers, name)
+        preflight(inp)
+        cands[name] = (inp, run_candidate(inp))
+    score_samples(base_inp, [base.sampled] + [c.sampled for _, c in cands.values()])
+    out: dict[str, Any] = {"_base": base}
+    for name, (inp, cand) in cands.items():
+        out[name] = evaluate(inp, base, cand, clfs, None, 0.0)[0]
+    return out
+
+
+def test_baseline_arm_and_aa_floor_come_from_the_baseline_endpoint(gates: dict[str, Any]) -> None:
+    base = gates["_base"]
+    assert base.aa is not None and base.aa.mode == "concurrency 8"
+    assert [r.item_id for r in base.aa.records] == [r.item_id for r in base.greedy.records]
+    assert len(base.greedy.records) >= 10 and all(r.token_ids and r.prompt_token_ids for r in base.greedy.records)
+    assert base.sequential is not None and base.sequential.mode == "sequential"
+    assert base.sampled is not None and len(base.sampled.records) == 8 * len(base.greedy.records)
+    assert base.sampled.scores is not None and sum(s["n_tokens"] for s in base.sampled.scores) > 500
+
+
+def test_lookahead_server_passes(gates: dict[str, Any]) -> None:
+    res = gates["lookahead"]
+    assert res["verdict"] == "PASS", res["criteria"]
+    assert res["meta"]["mode"] == "endpoint" and res["meta"]["candidate"]["kind"] == "endpoint"
+    lat = res["latency"]["candidate"]
+    # acceptance from the server's own /metrics counters over the run
+    assert lat["drafted_tokens"] > 0 and lat["accepted_tokens"] > 0 and lat["mean_acceptance_length"] > 1
+    assert res["latency"]["baseline"]["drafted_tokens"] == 0
+    conf = res["sampled"]["conformance"]
+    assert conf["pit_baseline_control"]["p_value"] > 0.01 and res["sampled"]["p_adjusted"]["pit_candidate_ad"] > 0.01
+
+
+def test_greedy_fault_server_fails_exact_match(gates: dict[str, Any]) -> None:
+    res = gates["greedy_fault"]
+    assert res["verdict"] == "FAIL" and "exact_match" in res["failed"], res["criteria"]
+    assert res["exact_match"]["candidate"]["mismatches"] > res["exact_match"]["aa"]["mismatches"]
+
+
+def test_t_only_fault_server_fails_sampled_alone(gates: dict[str, Any]) -> None:
+    res = gates["t_fault"]
+    assert res["failed"] == ["sampled"], res["criteria"]
+    em = res["exact_match"]
+    assert em["candidate"]["mismatches"] == 0 and em["batch1"]["candidate"]["mismatches"] == 0
+    conf = res["sampled"]["conformance"]
+    assert res["sampled"]["p_adjusted"]["pit_candidate_ad"] < 0.01
+    assert conf["shift"]["effect"] > 0 and conf["mean_pit"]["candidate"] < 0.5  # sharper sampler
+
+
+def _cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "vllm_lookahead.cli", "gate", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, cwd=tmp)
+
+
+def test_cli_endpoint_mode_passes_and_writes_json_and_junit(servers: dict[str, VllmServer], tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("criteria:\n  sampled: {samples_per_item: 2}\nruns: {latency_items: 1}\n")
+    junit = tmp_path / "ci" / "gate.xml"
+    proc = _cli(["--baseline-url", servers["baseline"].url, "--candidate-url", servers["lookahead"].url,
+                 "--limit", "1", "--tasks", "next_line,copy,json", "--policy", str(policy), "--max-tokens", "32",
+                 "--report", str(tmp_path / "rep"), "--junit", str(junit)], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "verdict: PASS" in proc.stdout
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert rep["meta"]["model_name"] == "demo" and rep["n_items"] == 3
+    xml = junit.read_text()
+    assert 'failures="0"' in xml and 'name="exact_match"' in xml
+    assert not [p for p in (tmp_path / "rep").iterdir() if p.name.startswith(".partial")]
+
+
+def test_cli_dead_candidate_exits_2(servers: dict[str, VllmServer], tmp_path: Path) -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    proc = _cli(["--baseline-url", servers["baseline"].url, "--candidate-url", dead, "--retries", "1",
+                 "--limit", "1", "--report", str(tmp_path / "rep")], tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+    assert f"error: candidate endpoint {dead}/v1/models: unreachable" in proc.stderr
+    assert not (tmp_path / "rep").exists() and "verdict" not in proc.stdout
