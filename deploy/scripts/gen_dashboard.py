@@ -22,6 +22,12 @@ OUT = (
     / "vllm-lookahead.json"
 )
 SEL = 'namespace=~"$namespace"'
+# Rate windows are Grafana's $__rate_interval (max(4 x scrape interval, step + scrape interval)):
+# a fixed [1m] holds two samples at a 30 s scrape and draws gaps.  The namespace variable takes its
+# values from vLLM's series as well as the sidecar's, so the APM panels work with the sidecar off.
+NAMESPACE_QUERY = (
+    'label_values({__name__=~"vllm:num_requests_running|quality_sidecar_samples_total"}, namespace)'
+)
 
 # (title, unit, [(legend, PromQL)]) per row: APM on the left, quality on the right.  vLLM metrics
 # carry no arm label; the chart's Service/PodMonitors copy the pod label `vllm-lookahead/arm` onto
@@ -36,11 +42,11 @@ ROWS: list[
             [
                 (
                     "p50 {{vllm_lookahead_arm}}",
-                    f"histogram_quantile(0.5, sum by (le, vllm_lookahead_arm) (rate(vllm:e2e_request_latency_seconds_bucket{{{SEL}}}[5m])))",
+                    f"histogram_quantile(0.5, sum by (le, vllm_lookahead_arm) (rate(vllm:e2e_request_latency_seconds_bucket{{{SEL}}}[$__rate_interval])))",
                 ),
                 (
                     "p95 {{vllm_lookahead_arm}}",
-                    f"histogram_quantile(0.95, sum by (le, vllm_lookahead_arm) (rate(vllm:e2e_request_latency_seconds_bucket{{{SEL}}}[5m])))",
+                    f"histogram_quantile(0.95, sum by (le, vllm_lookahead_arm) (rate(vllm:e2e_request_latency_seconds_bucket{{{SEL}}}[$__rate_interval])))",
                 ),
             ],
         ),
@@ -62,11 +68,11 @@ ROWS: list[
             [
                 (
                     "TTFT p95 {{vllm_lookahead_arm}}",
-                    f"histogram_quantile(0.95, sum by (le, vllm_lookahead_arm) (rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[5m])))",
+                    f"histogram_quantile(0.95, sum by (le, vllm_lookahead_arm) (rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[$__rate_interval])))",
                 ),
                 (
                     "ITL p95 {{vllm_lookahead_arm}}",
-                    f"histogram_quantile(0.95, sum by (le, vllm_lookahead_arm) (rate(vllm:inter_token_latency_seconds_bucket{{{SEL}}}[5m])))",
+                    f"histogram_quantile(0.95, sum by (le, vllm_lookahead_arm) (rate(vllm:inter_token_latency_seconds_bucket{{{SEL}}}[$__rate_interval])))",
                 ),
             ],
         ),
@@ -88,9 +94,9 @@ ROWS: list[
             [
                 (
                     "generated {{vllm_lookahead_arm}}",
-                    f"sum by (vllm_lookahead_arm) (rate(vllm:generation_tokens_total{{{SEL}}}[1m]))",
+                    f"sum by (vllm_lookahead_arm) (rate(vllm:generation_tokens_total{{{SEL}}}[$__rate_interval]))",
                 ),
-                ("prompt", f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[1m]))"),
+                ("prompt", f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[$__rate_interval]))"),
             ],
         ),
         (
@@ -131,11 +137,11 @@ ROWS: list[
             [
                 (
                     "accepted / drafted",
-                    f"sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{SEL}}}[5m])) / sum(rate(vllm:spec_decode_num_draft_tokens_total{{{SEL}}}[5m]))",
+                    f"sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{SEL}}}[$__rate_interval])) / sum(rate(vllm:spec_decode_num_draft_tokens_total{{{SEL}}}[$__rate_interval]))",
                 ),
                 (
                     "mean acceptance length",
-                    f"1 + sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{SEL}}}[5m])) / sum(rate(vllm:spec_decode_num_drafts_total{{{SEL}}}[5m]))",
+                    f"1 + sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{SEL}}}[$__rate_interval])) / sum(rate(vllm:spec_decode_num_drafts_total{{{SEL}}}[$__rate_interval]))",
                 ),
             ],
         ),
@@ -152,12 +158,12 @@ ROWS: list[
             "Telemetry sampler: sent / dropped per second",
             "ops",
             [
-                ("sent", f"sum(rate(vllm_lookahead_sampler_sent_total{{{SEL}}}[5m]))"),
+                ("sent", f"sum(rate(vllm_lookahead_sampler_sent_total{{{SEL}}}[$__rate_interval]))"),
                 (
                     "dropped {{reason}}",
-                    f"sum by (reason) (rate(vllm_lookahead_sampler_dropped_total{{{SEL}}}[5m]))",
+                    f"sum by (reason) (rate(vllm_lookahead_sampler_dropped_total{{{SEL}}}[$__rate_interval]))",
                 ),
-                ("failed", f"sum(rate(vllm_lookahead_sampler_failed_total{{{SEL}}}[5m]))"),
+                ("failed", f"sum(rate(vllm_lookahead_sampler_failed_total{{{SEL}}}[$__rate_interval]))"),
             ],
         ),
         (
@@ -165,7 +171,14 @@ ROWS: list[
             "short",
             [
                 ("acceptance {{arm}}", f"avg by (arm) (quality_sidecar_acceptance_rate{{{SEL}}})"),
-                ("lag {{topic}}", f"sum by (topic) (quality_sidecar_consumer_lag{{{SEL}}})"),
+                (
+                    "lag {{group}} {{topic}}",
+                    f"sum by (group, topic) (kafka_consumergroup_group_lag{{{SEL}}})",
+                ),
+                (
+                    "lag seconds {{group}} {{topic}}",
+                    f"max by (group, topic) (kafka_consumergroup_group_lag_seconds{{{SEL}}})",
+                ),
             ],
         ),
     ),
@@ -244,7 +257,7 @@ def build() -> dict[str, Any]:
                     "multi": True,
                     "datasource": {"type": "prometheus", "uid": "${datasource}"},
                     "query": {
-                        "query": "label_values(quality_sidecar_samples_total, namespace)",
+                        "query": NAMESPACE_QUERY,
                         "refId": "ns",
                     },
                     "refresh": 2,
