@@ -105,11 +105,15 @@ step_promtool() {
   echo "$key" > "$BIN/.promtool.stamp"
 }
 
+step_lade_oracle() {  # hao-ai-lab's lade 0.0.2 in its own venv (tests/reference/test_lade_oracle.py)
+  bash "$ROOT/scripts/setup_lade_oracle.sh" >/dev/null
+}
+
 step_k8s() {  # control plane + kwok + etcd + CRDs for the helm_cluster tier (its own script)
   bash "$ROOT/scripts/setup_k8s.sh"
 }
 
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(venv vllm033 kafka helm kubeconform jaeger k8s_schemas promtool k8s)
+[[ ${#steps[@]} -gt 0 ]] || steps=(venv vllm033 lade_oracle kafka helm kubeconform jaeger k8s_schemas promtool k8s)
 for s in "${steps[@]}"; do "step_$s"; done
 log "done. Tools in $BIN, Kafka in $CACHE/kafka-$KAFKA_VERSION, Python in $ROOT/.venv"

@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MAX_TOKENS = 48
 BATCH_SIZES = (1, 8, 32)
+N2_TEMPERATURE = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,10 @@ def greedy_runs(engine_factory):
             runs[spec][f"metrics{bs}"] = [o.outputs[0].spec_decode_metrics for o in outs]
         # prefix caching: the same prompts again hit the cache
         runs[spec]["cached"] = [list(o.outputs[0].token_ids) for o in generate_in_chunks(llm, prompts, 8, sp)]
-        # n > 1 (vLLM allows it only when sampling): each child is its own request id for the drafter
-        multi = llm.generate(prompts[:4], SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, n=2),
+        # n > 1 (vLLM allows it only when sampling, T >= 1e-5): each child is its own request id for
+        # the drafter.  At T=1e-4 sampling is greedy up to float ties (a logit gap of 0.002 leaves the
+        # runner-up e^-20), so every child of both decoders must equal the greedy output.
+        multi = llm.generate(prompts[:4], SamplingParams(temperature=N2_TEMPERATURE, max_tokens=MAX_TOKENS, n=2),
                              use_tqdm=False)
         runs[spec]["n2"] = [[(list(c.token_ids), c.spec_decode_metrics) for c in o.outputs] for o in multi]
         del llm
@@ -76,6 +79,17 @@ def test_n2_children_are_drafted_for_independently(greedy_runs):
     children = [c for group in runs["lookahead:k=4"]["n2"] for c in group]
     assert len(children) == 8 and all(ids for ids, _ in children)
     assert sum(m.to_dict()["num_draft_tokens"] for _, m in children) > 0
+
+
+def test_n2_outputs_equal_no_speculation(greedy_runs):
+    """Lossless with n=2: every child of lookahead (and of `none`, the control that T=1e-4 is greedy
+    here) equals `none`'s greedy output for its prompt, token for token."""
+    _, runs = greedy_runs
+    greedy = runs["none"][1][:4]
+    for spec in ("none", "lookahead:k=4"):
+        bad = [(i, j) for i, group in enumerate(runs[spec]["n2"]) for j, (ids, _) in enumerate(group)
+               if ids != greedy[i]]
+        assert not bad, f"{spec}: n=2 children (prompt, child) {bad} differ from greedy"
 
 
 def test_greedy_identical_under_preemption(engine_factory):

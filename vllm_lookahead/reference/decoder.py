@@ -166,6 +166,7 @@ def lade_generate(
     prompt_pool: bool = True,
     seed: int = 0,
     prefill_window: bool = True,
+    full_match_bonus: bool = True,
 ) -> LadeResult:
     """Greedy Lookahead Decoding with window W=``window``, n-gram size N=``ngram``, G=``pool_size``.
 
@@ -176,6 +177,11 @@ def lade_generate(
     ``prefill_window=False`` is the variant vLLM can run (``core.lade.LadeState``): the prefill carries
     the prompt only, and level 0 enters at the first decode step, which therefore verifies nothing and
     costs one more forward than LADE.  Step for step, the vLLM 2D path must commit what this does.
+
+    ``full_match_bonus=False`` reproduces LADE's match loop exactly: when a candidate matches all its
+    N-1 tokens, LADE commits those N-1 and drops the model's next token after them (the loop ends at
+    ``gg = N-2``).  With ``prompt_pool=False, full_match_bonus=False, seed=10`` this decoder commits,
+    step for step, what hao-ai-lab's ``lade==0.0.2`` commits (``benchmarks/lade_oracle.py``).
     """
     if window < 1:
         raise ValueError(f"window (W) must be >= 1, got {window}")
@@ -218,6 +224,9 @@ def lade_generate(
         )
         argmax = _argmax_rows(logits)
         accepted, matched, winner = _verify(argmax[0], guesses, layout.guess_rows, argmax)
+        if not full_match_bonus and matched and matched == len(guesses[winner]):
+            # LADE: a full match keeps N-2 candidate rows and commits N-1 tokens (no bonus token).
+            matched, accepted = matched - 1, accepted[:-1]
 
         top = [argmax[r] for r in layout.level_rows[-1]]
         if full:  # 3. harvest W n-grams, then shift the window by one level
