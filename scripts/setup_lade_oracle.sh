@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Opt-in: a separate venv with hao-ai-lab's own LADE (`lade` from PyPI) and the transformers it was
+# A separate venv with hao-ai-lab's own LADE (`lade` from PyPI) and the transformers it was
 # written for, so benchmarks/lade_oracle.py can run the original code next to this project's reference.
 #
 #   scripts/setup_lade_oracle.sh          # prints the venv's python on stdout (last line)
