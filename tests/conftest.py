@@ -1,6 +1,6 @@
 """Shared fixtures: real services started once per test session.
 
-Tiers (pytest markers, see pyproject.toml): unit, vllm, kafka, otlp, helm, slow.  CI runs them all;
+Tiers (pytest markers, see pyproject.toml): unit, vllm, kafka, otlp, helm, helm_cluster, slow.  CI runs them all;
 `pytest -m unit` is the fast loop.  Services come from the cached builds of scripts/setup.sh; a missing
 tool is an error with the fix in the message, never a silent skip.
 """
