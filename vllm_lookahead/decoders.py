@@ -4,6 +4,8 @@ One short string per decoder keeps the command line readable and the report self
 
     none                                       no speculation
     ngram:k=4[,n_min=2,n_max=4]                vLLM's prompt-lookup (n-gram) proposer
+    ngram:k=4,kbs=1-8x4/9-32x2                 ... with vLLM's per-batch-size K
+                                               (num_speculative_tokens_per_batch_size; also for suffix)
     suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1,cache=10000]
                                                vLLM's suffix decoding (needs arctic-inference,
                                                extra "suffix"); drafts up to k tokens
@@ -33,10 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOOKAHEAD_CLASS = "vllm_lookahead.LookaheadProposer"
-NGRAM_KEYS = ("n_min", "n_max")
+NGRAM_KEYS = ("n_min", "n_max", "kbs")
 # suffix SPEC key -> vLLM SpeculativeConfig field (vLLM's defaults when a key is left out)
 SUFFIX_KEYS = {"depth": "suffix_decoding_max_tree_depth", "spec_factor": "suffix_decoding_max_spec_factor",
-               "min_prob": "suffix_decoding_min_token_prob", "cache": "suffix_decoding_max_cached_requests"}
+               "min_prob": "suffix_decoding_min_token_prob", "cache": "suffix_decoding_max_cached_requests",
+               "kbs": "num_speculative_tokens_per_batch_size"}
 MAX_K = 16
 MAX_K_2D = 128  # vLLM's MAX_SPEC_LEN: the 2D layout's rows are its drafts
 LADE_KEYS = {"W": "lade_window", "N": "lade_ngram", "G": "lade_candidates", "max_batch": "lade_max_batch",
@@ -72,12 +75,15 @@ class DecoderSpec:
         if self.kind == "none":
             return {}
         if self.kind == "ngram":
-            return {"speculative_config": {
-                "method": "ngram", "num_speculative_tokens": self.k,
-                "prompt_lookup_min": self.params["n_min"], "prompt_lookup_max": self.params["n_max"]}}
+            cfg = {"method": "ngram", "num_speculative_tokens": self.k,
+                   "prompt_lookup_min": self.params["n_min"], "prompt_lookup_max": self.params["n_max"]}
+            if "kbs" in self.params:
+                cfg["num_speculative_tokens_per_batch_size"] = parse_kbs(self.params["kbs"], self.text)
+            return {"speculative_config": cfg}
         if self.kind == "suffix":
             return {"speculative_config": {"method": "suffix", "num_speculative_tokens": self.k,
-                                           **{SUFFIX_KEYS[k]: v for k, v in self.params.items()}}}
+                                           **{SUFFIX_KEYS[k]: parse_kbs(v, self.text) if k == "kbs" else v
+                                              for k, v in self.params.items()}}}
         if self.kind == "lookahead":
             return {"speculative_config": {"model": LOOKAHEAD_CLASS, "num_speculative_tokens": self.k},
                     "additional_config": {"lookahead": dict(self.params)}}
@@ -120,6 +126,20 @@ def _kv(text: str, spec: str) -> dict[str, Any]:
     return out
 
 
+def parse_kbs(value: Any, spec: str) -> list[tuple[int, int, int]]:
+    """``kbs=1-8x4/9-32x2`` -> vLLM's ``num_speculative_tokens_per_batch_size`` [(1, 8, 4), (9, 32, 2)]:
+    K per inclusive batch-size range (the first range must start at 1; K may be 0)."""
+    out = []
+    for part in str(value).split("/"):
+        m = re.fullmatch(r"(\d+)-(\d+)x(\d+)", part.strip())
+        if not m:
+            raise SpecError(f"{spec!r}: kbs must look like 1-8x4/9-32x2 (batch range x K), got {value!r}")
+        out.append((int(m[1]), int(m[2]), int(m[3])))
+    if out[0][0] != 1 or any(a > b for a, b, _ in out) or any(b1 >= a2 for (_, b1, _), (a2, _, _) in zip(out, out[1:])):
+        raise SpecError(f"{spec!r}: kbs ranges must start at 1, be ascending and not overlap, got {value!r}")
+    return out
+
+
 def _positive_int(spec: str, key: str, value: Any, upper: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (upper and value > upper):
         limit = f" and <= {upper}" if upper else ""
@@ -154,7 +174,10 @@ def parse_spec(spec: str, *, check_import: bool = True) -> DecoderSpec:
         n_max = _positive_int(spec, "n_max", params.get("n_max", max(4, n_min)))
         if n_min > n_max:
             raise SpecError(f"{spec!r}: n_min ({n_min}) > n_max ({n_max})")
-        return DecoderSpec(text, "ngram", k, {"n_min": n_min, "n_max": n_max})
+        extra = {"kbs": params["kbs"]} if "kbs" in params else {}
+        if extra:
+            parse_kbs(params["kbs"], spec)
+        return DecoderSpec(text, "ngram", k, {"n_min": n_min, "n_max": n_max, **extra})
     if kind == "suffix":
         params = _kv(rest, spec)
         k = _take_k(spec, params)
@@ -164,6 +187,8 @@ def parse_spec(spec: str, *, check_import: bool = True) -> DecoderSpec:
                             f"allowed: k, {', '.join(SUFFIX_KEYS)}")
         if "depth" in params:
             _positive_int(spec, "depth", params["depth"])
+        if "kbs" in params:
+            parse_kbs(params["kbs"], spec)
         if "cache" in params and params["cache"] != 0:  # 0 = no global tree (prompt trees only)
             _positive_int(spec, "cache", params["cache"])
         for key, hi in (("spec_factor", None), ("min_prob", 1.0)):
