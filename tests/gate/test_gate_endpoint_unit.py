@@ -177,3 +177,19 @@ def test_cli_dead_candidate_exits_2_and_writes_nothing(tmp_path: Path, capsys: p
     assert rc == 2
     assert f"candidate endpoint {dead}/v1/models: unreachable" in err and "gave up after 2 attempts" in err
     assert not (tmp_path / "rep").exists()
+
+
+def test_github_actions_example_uses_real_flags() -> None:
+    """docs/examples/gate-endpoints.yml stays in step with the CLI: every flag it passes exists."""
+    import re
+
+    import yaml
+
+    from vllm_lookahead.devtools.paths import REPO_ROOT
+    from vllm_lookahead.gate.cli import build_parser
+
+    wf = yaml.safe_load((REPO_ROOT / "docs" / "examples" / "gate-endpoints.yml").read_text())
+    script = next(s["run"] for s in wf["jobs"]["gate"]["steps"] if "vllm-lookahead gate" in s.get("run", ""))
+    flags = set(re.findall(r"(--[a-z][a-z-]+)", script))
+    known = {o for a in build_parser()._actions for o in a.option_strings}
+    assert {"--baseline-url", "--candidate-url", "--junit"} <= flags and flags <= known, flags - known
