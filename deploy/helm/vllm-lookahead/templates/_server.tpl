@@ -18,7 +18,7 @@ metadata:
     {{- include "vllm-lookahead.componentLabels" $ctx | nindent 4 }}
     vllm-lookahead/arm: {{ .arm }}
 spec:
-  {{- if not (and .lookahead $v.hpa.enabled) }}
+  {{- if not (and .lookahead (or $v.hpa.enabled $v.keda.server.enabled)) }}
   replicas: {{ .replicas }}
   {{- end }}
   revisionHistoryLimit: 5
