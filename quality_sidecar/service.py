@@ -508,7 +508,7 @@ class Service:
     def _on_revoke(self, partitions: list[tuple[str, int]]) -> None:
         """Rebalance: checkpoint and commit before the partitions go, so their next owner starts after us."""
         log.info("partitions revoked: %s; checkpointing", partitions)
-        self.checkpoint()
+        self.checkpoint(export_lag=False)  # no broker round trips for gauges inside the rebalance
 
     def _export_lag(self) -> None:
         """kafka-lag-exporter's per-partition gauges for the partitions this member owns now."""
@@ -580,7 +580,7 @@ class Service:
                     counter.labels(key).inc(n - seen)
                     self._reported[(worker, key)] = n
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, export_lag: bool = True) -> None:
         """Flush outputs, persist state, then commit: the order that makes crashes harmless."""
         self.pipeline.refresh_gauges()
         # Counters follow the workers' own counts (the workers never touch metrics).
@@ -589,7 +589,8 @@ class Service:
                                 lambda k: k.startswith("skipped") or k == "failed")
         if self.replay is not None:
             self._export_counts("replay", self.replay.counts, self.metrics.replay_samples, lambda k: k != "submitted")
-        self._export_lag()
+        if export_lag:
+            self._export_lag()
         if not self.uncommitted and not self.pipeline.control_dirty:
             return  # an ack / rebaseline with no new records still has to reach the state file
         if self.dlq is not None:

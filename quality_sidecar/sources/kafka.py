@@ -78,13 +78,7 @@ class KafkaSource:
                     outer._ends.pop(tp, None)
 
             def on_partitions_assigned(self, assigned) -> None:
-                for tp in assigned:
-                    try:
-                        c = outer.consumer.committed(tp)
-                    except Exception:  # noqa: BLE001 (lag reporting must not break consumption)
-                        c = None
-                    if c is not None:
-                        outer._committed[(tp.topic, tp.partition)] = c
+                pass  # committed offsets are fetched lazily by lag_report, outside the rebalance
 
         self.consumer.subscribe([self.topic], listener=Listener())
 
@@ -148,6 +142,13 @@ class KafkaSource:
         for t, p in sorted(self.assigned()):
             end = self.consumer.highwater(TopicPartition(t, p))
             committed = self._committed.get((t, p))
+            if committed is None:  # newly assigned: the group's offset, as the previous owner left it
+                try:
+                    committed = self.consumer.committed(TopicPartition(t, p), timeout_ms=2000)
+                except Exception:  # noqa: BLE001 (lag reporting must never break consumption)
+                    committed = None
+                if committed is not None:
+                    self._committed[(t, p)] = committed
             if end is None or committed is None:
                 continue
             hist = self._ends.setdefault((t, p), deque(maxlen=HW_HISTORY))
