@@ -3,8 +3,6 @@ exists for (the probe that decides whether to apply it) and that the replacement
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 

@@ -126,6 +126,8 @@ USES: tuple[Use, ...] = (
         ("self", "req_state", "finish_reason", "iteration_stats"), patched=True),
     Use(_OP, "OutputProcessor.abort_requests", "method", ("self", "request_ids", "internal"), patched=True),
     Use(_OP, "OutputProcessor.process_outputs", "method", ("self", "engine_core_outputs"), patched=True),
+    Use(_OP, "RequestState.make_request_output", "method",
+        ("self", "new_token_ids", "pooling_output", "finish_reason", "stop_reason"), patched=True),
     Use(_OP, "OutputProcessor.request_states", "attribute"),
     Use(_OP, "OutputProcessor.log_stats", "attribute"),
     Use(_OP, "RequestState.stats", "attribute"),
