@@ -136,7 +136,11 @@ def test_t_only_fault_server_fails_sampled_alone(gates: dict[str, Any]) -> None:
     assert em["candidate"]["mismatches"] == 0 and em["batch1"]["candidate"]["mismatches"] == 0
     conf = res["sampled"]["conformance"]
     assert res["sampled"]["p_adjusted"]["pit_candidate_ad"] < 0.01
-    assert conf["shift"]["effect"] > 0 and conf["mean_pit"]["candidate"] < 0.5  # sharper sampler
+    # the candidate's samples are off the baseline model's distribution: the likelihood shift's CI
+    # excludes 0 (in-process the factor-0.7 fault raises the likelihood; through the server's sampling
+    # path it lowers it -- either way a T>0-only fault, and the PIT test carries the verdict)
+    assert conf["shift"]["ci_low"] > 0 or conf["shift"]["ci_high"] < 0, conf["shift"]
+    assert abs(conf["mean_pit"]["candidate"] - 0.5) > abs(conf["mean_pit"]["baseline"] - 0.5)
 
 
 def _cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
