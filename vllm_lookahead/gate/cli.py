@@ -28,7 +28,7 @@ DEFAULT_MODEL = REPO_ROOT / "models" / "demo-code-4l"
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vllm-lookahead gate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=SPEC_HELP + ". Docs: docs/gate.md")
+        epilog=SPEC_HELP + ". Own eval sets: `vllm-lookahead gate convert --help`. Docs: docs/gate.md")
     ap.add_argument("--model", default=None,
                     help=f"in-process: model directory (default: {DEFAULT_MODEL}); endpoint mode: the served "
                          "model name (default: each server's first model)")
@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "convert":  # `vllm-lookahead gate convert ...`: bring your own eval set
+        from vllm_lookahead.gate.convert import main as convert_main
+
+        return convert_main(argv[1:])
     args = build_parser().parse_args(argv)
     # stdout carries the verdict table only; vLLM's own logging goes to stderr
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
