@@ -17,9 +17,12 @@
 4. KV cache: after each step only the prefix, the current token and the winning candidate's accepted
    tokens are kept (LADE copies the same rows); the window and the losing candidates are dropped.
 
-One deliberate difference from LADE: on a full match LADE accepts N-1 tokens and drops the model's
-token after the candidate (its match loop stops at ``gg = N-2``); here that bonus token is accepted
-too, as any speculative decoder (and vLLM) would.  Both are lossless.
+Two deliberate, lossless differences from hao-ai-lab's ``lade`` 0.0.2, both switches: the pool is
+seeded with the prompt's n-grams and fed every committed n-gram (``prompt_pool``; lade 0.0.2 has no
+such pool), and on a full match the model's token after the candidate is committed too
+(``full_match_bonus``; LADE's match loop stops at ``gg = N-2`` and drops it).  With both off and
+``seed=10`` (LADE's ``random.seed(10)``) this decoder commits, forward for forward, what ``lade``
+commits (``benchmarks/lade_oracle.py``, ``tests/reference/test_lade_oracle.py``).
 """
 
 from __future__ import annotations
