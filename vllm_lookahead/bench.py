@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import sys
 import time
@@ -44,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--compile", action="store_true", help="use torch.compile (slower start-up; default eager)")
+    ap.add_argument("--isolation", choices=["process", "none"], default="process",
+                    help="process (default): every method runs in a fresh spawned process (all engine memory "
+                         "returned, no state shared); none: all in this process, one import of vLLM -- much "
+                         "faster start-up for smoke runs (scripts/gpu_check.sh --smoke), not for measurements")
+    ap.add_argument("--attention-backend", default=None, metavar="NAME",
+                    help="vLLM attention backend for every engine (e.g. FLEX_ATTENTION: the 2D layout's CUDA "
+                         "path); default: vLLM's choice")
     ap.add_argument("--reference", type=int, default=0, metavar="N",
                     help="also run the HF full-LADE reference on the first N prompts (0 = off)")
     ap.add_argument("--reference-config", nargs="+", default=["5,4,5"],
@@ -93,7 +101,8 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
         del llm
         gc.collect()
         llm = make_llm(model, spec, dtype=args.dtype, seed=args.seed, enforce_eager=not args.compile,
-                       max_num_seqs=bs if args.batching == "continuous" else max(batch_sizes), max_model_len=2048)
+                       max_num_seqs=bs if args.batching == "continuous" else max(batch_sizes), max_model_len=2048,
+                       extra={"attention_backend": args.attention_backend} if args.attention_backend else None)
         if bs == batch_sizes[0]:
             max_prompt = 2048 - tok_limit - spec.k - 8
             tokenizer = llm.get_tokenizer()
@@ -161,6 +170,13 @@ def run_isolated(fn, *args):
 
     with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
         return pool.submit(fn, *args).result()
+
+
+def _run_here(fn, *args):
+    """``--isolation none``: call ``fn`` in this process (make_llm applies the fix that lets several
+    engines share a process once numba is imported, ``vllm/fixes.py``)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return fn(*args)
 
 
 def _acceptance_by_position(hist: np.ndarray) -> list[float] | None:
@@ -316,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] repeat {rep + 1}/{args.repeats} {specs[i]}: {len(prompts)} prompts x "
                   f"{args.max_tokens} tokens at batch sizes {batch_sizes}", file=sys.stderr)
             before = _load()
-            this[i] = run_isolated(run_method, model, specs[i], prompts, batch_sizes, args)
+            run = run_isolated if args.isolation == "process" else _run_here
+            this[i] = run(run_method, model, specs[i], prompts, batch_sizes, args)
             load.append({"repeat": rep + 1, "method": specs[i], "before": before, "after": _load()})
         runs.append([r for r in this if r is not None])
     for rep_results in runs:
