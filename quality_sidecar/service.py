@@ -441,6 +441,7 @@ class Service:
             {"max_poll_records": cfg.max_poll_records} if cfg.source.startswith("kafka://") else {}))
         self._instance = f"{os.getpid()}-{time.time_ns() % 10**12}"
         self._checkpoints = 0
+        self._fatal = False  # a commit failed: no more checkpoints (they would count uncommitted records)
         self._lag_labels: set[tuple[str, ...]] = set()
         if cfg.state_path:
             self._reconcile_pending_state(cfg.state_path)
@@ -505,10 +506,28 @@ class Service:
             pending.unlink()
             log.warning("dropped an uncommitted checkpoint: its records are redelivered")
 
-    def _on_revoke(self, partitions: list[tuple[str, int]]) -> None:
-        """Rebalance: checkpoint and commit before the partitions go, so their next owner starts after us."""
+    async def _on_revoke(self, partitions: list[tuple[str, int]]) -> None:
+        """Rebalance: checkpoint and commit before the partitions go, so their next owner starts after us.
+
+        Runs on the consumer's IO loop (an async rebalance listener), so the commit is awaited there.
+        If it fails (this member was evicted: its generation is lost), the in-memory counts hold
+        records whose offsets stay uncommitted and that the next owner will count: the process
+        stops instead (the error reaches ``poll``), and its restart resumes from the last committed
+        state file - the pending one is dropped because its tag was never committed.
+        """
         log.info("partitions revoked: %s; checkpointing", partitions)
-        self.checkpoint(export_lag=False)  # no broker round trips for gauges inside the rebalance
+        plan = self._prepare_checkpoint(export_lag=False)  # no gauge round trips inside the rebalance
+        if plan is None:
+            return
+        offsets, tag = plan
+        try:
+            await self.source.commit_async(offsets, metadata=tag)
+        except Exception:
+            self._fatal = True
+            log.error("commit before giving up partitions %s failed: stopping; the restart resumes from the "
+                      "last committed checkpoint", partitions)
+            raise
+        self._finish_checkpoint()
 
     def _export_lag(self) -> None:
         """kafka-lag-exporter's per-partition gauges for the partitions this member owns now."""
@@ -582,6 +601,25 @@ class Service:
 
     def checkpoint(self, export_lag: bool = True) -> None:
         """Flush outputs, persist state, then commit: the order that makes crashes harmless."""
+        plan = self._prepare_checkpoint(export_lag)
+        if plan is None:
+            return
+        offsets, tag = plan
+        try:
+            if offsets:
+                if hasattr(self.source, "committed_metadata"):
+                    self.source.commit(offsets, metadata=tag)
+                else:
+                    self.source.commit(offsets)
+        except Exception:
+            self._fatal = True  # see _on_revoke: the restart resumes from the last committed state
+            raise
+        self._finish_checkpoint()
+
+    def _prepare_checkpoint(self, export_lag: bool) -> tuple[dict[tuple[str, int], int], str] | None:
+        """Refresh gauges, flush the sinks and write the pending state; (offsets to commit, tag) or None."""
+        if self._fatal:
+            return None
         self.pipeline.refresh_gauges()
         # Counters follow the workers' own counts (the workers never touch metrics).
         if self.scorer is not None:
@@ -592,7 +630,7 @@ class Service:
         if export_lag:
             self._export_lag()
         if not self.uncommitted and not self.pipeline.control_dirty:
-            return  # an ack / rebaseline with no new records still has to reach the state file
+            return None  # an ack / rebaseline with no new records still has to reach the state file
         if self.dlq is not None:
             self.dlq.flush()
         self.alerts.flush()
@@ -600,17 +638,15 @@ class Service:
         self.pipeline.control_dirty = False
         self._checkpoints += 1
         tag = f"quality-sidecar:{self._instance}:{self._checkpoints}"
-        pending = f"{self.cfg.state_path}.pending"
         if self.cfg.state_path:  # pending -> commit -> rename: see _reconcile_pending_state
-            save_state(pending, {"pipeline": self.pipeline.get_state(), "tag": tag,
-                                 "offsets": [[t, p, o] for (t, p), o in self.offsets.items()]})
-        if self.uncommitted:
-            if hasattr(self.source, "committed_metadata"):
-                self.source.commit(dict(self.uncommitted), metadata=tag)
-            else:
-                self.source.commit(dict(self.uncommitted))
+            save_state(f"{self.cfg.state_path}.pending", {
+                "pipeline": self.pipeline.get_state(), "tag": tag,
+                "offsets": [[t, p, o] for (t, p), o in self.offsets.items()]})
+        return dict(self.uncommitted), tag
+
+    def _finish_checkpoint(self) -> None:
         if self.cfg.state_path:
-            os.replace(pending, self.cfg.state_path)
+            os.replace(f"{self.cfg.state_path}.pending", self.cfg.state_path)
         self.uncommitted = {}
 
     def run(self) -> int:

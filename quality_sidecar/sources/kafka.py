@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..sinks.kafka_common import kafka_auth, parse_kafka_url
@@ -47,7 +47,7 @@ class LagReport:
 class KafkaSource:
     def __init__(self, url: str, group: str, max_poll_records: int = 500, session_timeout_ms: int = 10000):
         from kafka import KafkaConsumer
-        from kafka.consumer.subscription_state import ConsumerRebalanceListener
+        from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 
         bootstrap, self.topic = parse_kafka_url(url)
         self.bootstrap, self.group = bootstrap, group
@@ -60,24 +60,26 @@ class KafkaSource:
         self.client_id = str(self.consumer.config.get("client_id", ""))
         self.eof = False
         self.rebalances = 0  # bumped on every revocation: records fetched before it may be stale
-        self.on_revoke: Callable[[list[tuple[str, int]]], None] | None = None
+        self.on_revoke: Callable[[list[tuple[str, int]]], Awaitable[None]] | None = None
         self._last: dict[tuple[str, int], int] = {}  # next offset after the last polled record
         self._committed: dict[tuple[str, int], int] = {}
         self._ends: dict[tuple[str, int], deque[tuple[int, float]]] = {}
         outer = self
 
-        class Listener(ConsumerRebalanceListener):
-            def on_partitions_revoked(self, revoked) -> None:
+        # Async: kafka-python 3 runs rebalance listeners on the consumer's IO loop, where a blocking
+        # commit is refused; the commit before revocation is awaited there instead.
+        class Listener(AsyncConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked) -> None:
                 outer.rebalances += 1
                 tps = [(tp.topic, tp.partition) for tp in revoked]
                 if outer.on_revoke is not None and tps:
-                    outer.on_revoke(tps)  # checkpoint + commit while this member still owns them
+                    await outer.on_revoke(tps)  # checkpoint + commit while this member still owns them
                 for tp in tps:
                     outer._last.pop(tp, None)
                     outer._committed.pop(tp, None)
                     outer._ends.pop(tp, None)
 
-            def on_partitions_assigned(self, assigned) -> None:
+            async def on_partitions_assigned(self, assigned) -> None:
                 pass  # committed offsets are fetched lazily by lag_report, outside the rebalance
 
         self.consumer.subscribe([self.topic], listener=Listener())
@@ -109,6 +111,19 @@ class KafkaSource:
         if offsets:
             self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, metadata, -1)
                                   for (t, p), o in offsets.items()})
+            self._committed.update(offsets)
+
+    async def commit_async(self, offsets: dict[tuple[str, int], int], metadata: str = "") -> None:
+        """Commit from inside a rebalance listener (on the consumer's IO loop).
+
+        Uses the coroutine behind ``KafkaConsumer.commit`` (a private API of the pinned
+        kafka-python; the library's own pre-rebalance auto-commit awaits the same one).
+        """
+        from kafka.structs import OffsetAndMetadata, TopicPartition
+
+        if offsets:
+            await self.consumer._coordinator._commit_offsets_sync_async(
+                {TopicPartition(t, p): OffsetAndMetadata(o, metadata, -1) for (t, p), o in offsets.items()})
             self._committed.update(offsets)
 
     def committed_metadata(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
@@ -149,6 +164,11 @@ class KafkaSource:
                     committed = None
                 if committed is not None:
                     self._committed[(t, p)] = committed
+                else:  # the group never committed here: consumption starts at the beginning (earliest)
+                    try:
+                        committed = self.consumer.beginning_offsets([TopicPartition(t, p)])[TopicPartition(t, p)]
+                    except Exception:  # noqa: BLE001
+                        committed = None
             if end is None or committed is None:
                 continue
             hist = self._ends.setdefault((t, p), deque(maxlen=HW_HISTORY))

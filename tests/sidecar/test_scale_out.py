@@ -2,13 +2,13 @@
 
 What "counted" means here: a sample is counted by a replica when its request id is in that
 replica's state file (``pipeline.seen``, with a dedupe window larger than the stream) - the durable
-record the replica resumes from and whose offsets the group has committed (the sidecar writes a
-checkpoint pending, commits its offsets, then renames it into place; see Service.checkpoint).  The
-killed replica's counts are what its state file held at the kill; the survivor's are its state
-after a graceful stop.  Exactly once = the two id sets are disjoint and together hold every sample.
+record the replica resumes from.  The sidecar writes a checkpoint pending, commits its offsets with
+the checkpoint's tag, then renames it into place, and checkpoints before giving up partitions in a
+rebalance (Service.checkpoint / _on_revoke).  Exactly once = the replicas' id sets are disjoint and
+together hold every sample, and the group committed the end of every partition.
 
-Nothing is mocked: two ``quality-sidecar run`` processes, a real Kafka 4 broker, a real SIGKILL and
-the group coordinator's real rebalance (10 s session timeout).
+Nothing is mocked: two ``quality-sidecar run`` processes, a real Kafka 4 broker, a steady producer,
+a real SIGKILL and the group coordinator's real rebalances (10 s session timeout).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -32,7 +33,7 @@ from .conftest import FAST_MONITOR, metric_sum, scrape
 
 pytestmark = pytest.mark.kafka
 
-PARTITIONS, N = 4, 4000
+PARTITIONS, RATE = 4, 100  # samples/s: a few thousand in all
 
 
 def _samples_total(port: int) -> float:
@@ -68,86 +69,141 @@ def _ids(state_path: Path) -> list[str]:
     return json.loads(state_path.read_text())["pipeline"]["seen"]
 
 
+class _Producer(threading.Thread):
+    """Produces samples at a steady rate until told where to stop, so the kill and the rejoin both
+    happen mid-stream however slow the machine is."""
+
+    def __init__(self, bootstrap: str, topic: str, per_s: float):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.per_s = bootstrap, topic, per_s
+        self.stream = SampleStream(seed=77, arm="candidate")
+        self.ids: list[str] = []
+        self.limit = 10**9
+        self.error: BaseException | None = None
+
+    @property
+    def sent(self) -> int:
+        return len(self.ids)
+
+    def run(self) -> None:
+        from kafka import KafkaProducer
+
+        try:
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20, acks="all")
+            t0 = time.monotonic()
+            while self.sent < self.limit:
+                s = self.stream.take(1)[0]  # keyed by request id: spread over the partitions
+                producer.send(self.topic, key=s["request_id"].encode(), value=json.dumps(s).encode())
+                self.ids.append(s["request_id"])
+                delay = t0 + self.sent / self.per_s - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            producer.flush(60)
+            producer.close()
+        except BaseException as e:  # noqa: BLE001 (reported by the test)
+            self.error = e
+
+
 def test_two_replicas_one_group_sigkill_one_every_sample_counted_once(kafka_broker, tmp_path: Path) -> None:
-    from kafka import KafkaConsumer, KafkaProducer
+    """a and b share a 4-partition topic; a is SIGKILLed mid-stream (b takes its partitions after the
+    session timeout), then restarted on its state file as Kubernetes restarts a container (the
+    rebalance moves partitions from the live b back to a while b has processed, uncommitted work).
+    """
+    from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
     topic, group = f"scale-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
     kafka_broker.create_topic(topic, partitions=PARTITIONS)
     cfg = tmp_path / "sidecar.yaml"
     cfg.write_text(yaml.safe_dump({"monitor": FAST_MONITOR, "commit_interval_s": 0.3, "max_poll_records": 50,
-                                   "dedupe_window": 10 * N, "kafka_cluster_name": "test"}))
+                                   "dedupe_window": 100_000, "kafka_cluster_name": "test"}))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ports = {"a": free_port(), "b": free_port()}
     procs: dict[str, subprocess.Popen] = {}
-    logs = {}
-    for name, port in ports.items():
-        logs[name] = (tmp_path / f"{name}.log").open("w")
+    logs: list = []
+
+    def start(name: str) -> subprocess.Popen:
+        logs.append((tmp_path / f"{name}-{len(logs)}.log").open("w"))
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "quality_sidecar.cli", "run", "--source", f"kafka://{kafka_broker.bootstrap}/{topic}",
-             "--group", group, "--http-port", str(port), "--config", str(cfg),
+             "--group", group, "--http-port", str(ports[name]), "--config", str(cfg),
              "--state", str(tmp_path / f"{name}.json")],
-            env=env, stdout=logs[name], stderr=subprocess.STDOUT)
-    a, b = procs["a"], procs["b"]
-    try:
-        def both_ready() -> bool:
-            import urllib.request
+            env=env, stdout=logs[-1], stderr=subprocess.STDOUT)
+        return procs[name]
 
+    def ready(name: str) -> bool:
+        import urllib.request
+
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{ports[name]}/readyz", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def lags() -> dict[str, dict[str, float]]:
+        out = {}
+        for name, port in ports.items():
             try:
-                return all(urllib.request.urlopen(f"http://127.0.0.1:{p}/readyz", timeout=2).status == 200
-                           for p in ports.values())
+                out[name] = _lag_series(scrape(port), "kafka_consumergroup_group_lag")
             except OSError:
-                return False
+                out[name] = {}
+        return out
 
-        _wait(both_ready, 90, "both replicas ready", list(procs.values()))
-        time.sleep(2.0)  # let the group settle on a 2+2 split before the stream starts
-        samples = SampleStream(seed=77, arm="candidate").take(N)
-        producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=20, acks="all")
-        for s in samples:  # keyed by request id: spread over the partitions, duplicates stay together
-            producer.send(topic, key=s["request_id"].encode(), value=json.dumps(s).encode())
-        producer.flush(60)
-        producer.close()
-
-        _wait(lambda: _samples_total(ports["a"]) >= 400 and _samples_total(ports["b"]) >= 400, 120,
-              "both replicas consuming", list(procs.values()))
-        owned_by_a = set(_lag_series(scrape(ports["a"]), "kafka_consumergroup_group_lag"))
+    producer = _Producer(kafka_broker.bootstrap, topic, per_s=RATE)
+    try:
+        a, b = start("a"), start("b")
+        _wait(lambda: ready("a") and ready("b"), 240, "both replicas ready", [a, b])
+        _wait(lambda: all(0 < len(v) < PARTITIONS for v in lags().values()), 30, "a 2+2 split", [a, b])
+        producer.start()
+        _wait(lambda: producer.sent >= 5 * RATE and _samples_total(ports["a"]) > 0, 60, "a consuming", [a, b])
+        owned_by_a = set(lags()["a"])
         a.send_signal(signal.SIGKILL)
         a.wait(10)
-        total_before = _samples_total(ports["b"])
-        assert 0 < len(owned_by_a) < PARTITIONS, f"replica a owned {owned_by_a}: the group did not split"
+        killed_at = producer.sent
+        # b takes a's partitions after the session timeout...
+        _wait(lambda: len(lags()["b"]) == PARTITIONS, 60, "b owning every partition", [b])
+        taken_over_at = producer.sent
+        # ...and a comes back on its state file: partitions move from the live b to a again.
+        a = start("a")
+        _wait(lambda: ready("a") and 0 < len(lags()["a"]) < PARTITIONS, 240, "a rejoined with partitions", [a, b])
+        rejoined_at = producer.sent
+        producer.limit = producer.sent + 3 * RATE  # a little more stream after the second rebalance
+        producer.join(120)
+        assert producer.error is None, producer.error
 
-        # b takes a's partitions after the session timeout and drains the topic.
-        def b_owns_all_and_caught_up() -> bool:
-            text = scrape(ports["b"])
-            lag = _lag_series(text, "kafka_consumergroup_group_lag")
-            return len(lag) == PARTITIONS and not any(lag.values())
+        def caught_up() -> bool:
+            now = lags()
+            merged = {**now["a"], **now["b"]}
+            return len(merged) == PARTITIONS and not any(merged.values()) and not set(now["a"]) & set(now["b"])
 
-        _wait(b_owns_all_and_caught_up, 120, "b owning every partition with lag 0", [b])
-        text = scrape(ports["b"])
-        offsets = _lag_series(text, "kafka_consumergroup_group_offset")
-        assert 'cluster_name="test"' in text and f'group="{group}"' in text
-        assert set(_lag_series(text, "kafka_consumergroup_group_lag_seconds").values()) == {0.0}
-        b.send_signal(signal.SIGTERM)  # graceful: final checkpoint + commit
-        assert b.wait(30) == 0
+        _wait(caught_up, 120, "the group caught up with lag 0 on every partition", [a, b])
+        text_a, text_b = scrape(ports["a"]), scrape(ports["b"])
+        offsets = {**_lag_series(text_a, "kafka_consumergroup_group_offset"),
+                   **_lag_series(text_b, "kafka_consumergroup_group_offset")}
+        assert 'cluster_name="test"' in text_b and f'group="{group}"' in text_b
+        assert set(_lag_series(text_b, "kafka_consumergroup_group_lag_seconds").values()) == {0.0}
+        for p in (a, b):
+            p.send_signal(signal.SIGTERM)  # graceful: final checkpoint + commit
+        assert a.wait(30) == 0 and b.wait(30) == 0
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
-        for fh in logs.values():
+        for fh in logs:
             fh.close()
 
+    assert 0 < len(owned_by_a) < PARTITIONS, f"a owned {owned_by_a} before the kill: the group did not split"
+    n = producer.sent
+    assert killed_at < taken_over_at < rejoined_at < n, (killed_at, taken_over_at, rejoined_at, n)  # mid-stream
     ids_a, ids_b = _ids(tmp_path / "a.json"), _ids(tmp_path / "b.json")
-    everything = {s["request_id"] for s in samples}
+    everything = set(producer.ids)
+    assert len(everything) == n
     assert len(ids_a) == len(set(ids_a)) and len(ids_b) == len(set(ids_b))
-    assert 0 < len(ids_a) < N, "the kill was not mid-stream"
     assert not set(ids_a) & set(ids_b), f"{len(set(ids_a) & set(ids_b))} samples counted by both replicas"
     assert set(ids_a) | set(ids_b) == everything, f"{len(everything - set(ids_a) - set(ids_b))} samples never counted"
-    counts_a = json.loads((tmp_path / "a.json").read_text())["pipeline"]["counts"]["samples"]
-    counts_b = json.loads((tmp_path / "b.json").read_text())["pipeline"]["counts"]["samples"]
-    assert counts_a + counts_b == N
-    assert total_before + len(ids_a) < N  # work was left on a's partitions when it died
-    # The group committed the end of every partition, and b's offset gauge said so.
+    counts = [json.loads((tmp_path / f"{n}.json").read_text())["pipeline"]["counts"] for n in ("a", "b")]
+    assert counts[0]["samples"] + counts[1]["samples"] == n
+    # The group committed the end of every partition, and the offset gauges said so.
     c = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=group, enable_auto_commit=False)
     try:
         tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
@@ -156,4 +212,4 @@ def test_two_replicas_one_group_sigkill_one_every_sample_counted_once(kafka_brok
     finally:
         c.close(autocommit=False)
     assert committed == {tp.partition: ends[tp] for tp in tps}
-    assert sum(offsets.values()) == N
+    assert sum(offsets.values()) == n
