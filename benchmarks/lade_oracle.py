@@ -61,6 +61,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                     help="reference variants to run next to lade (default: all)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--resummarize", type=Path, default=None,
+                    help="recompute the summaries of an existing result file from its per-prompt data "
+                         "(no decoding) and write it back")
     args = ap.parse_args(argv)
     try:
         w, n, g = (int(x) for x in args.config.split(","))
@@ -112,8 +115,27 @@ def _summary(per_prompt: list[dict]) -> dict:
     }
 
 
+def resummarize(path: Path) -> None:
+    """Recompute every summary of a result file from its per-prompt rows (tokens = sum of commits)."""
+    data = json.loads(path.read_text())
+    for s in data["results"]:
+        names = [k for k in s["per_prompt"][0] if isinstance(s["per_prompt"][0][k], dict)]
+        for name in names:
+            rows = [{"tokens": [0] * sum(p[name]["accepted"]), "forwards": p[name]["forwards"],
+                     "accepted": p[name]["accepted"], "equals_greedy": p[name]["equals_greedy"]}
+                    for p in s["per_prompt"]]
+            s["summary"][name] = _summary(rows)
+    data.setdefault("resummarized_by", []).append(
+        " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]))
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"rewrote the summaries of {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.resummarize:
+        resummarize(args.resummarize)
+        return 0
     torch.set_num_threads(1)
     py = oracle_python(args.oracle_python)
     model = load_model(args.model, "float32")
