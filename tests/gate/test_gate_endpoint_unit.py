@@ -47,7 +47,10 @@ def _stub(answer: Handler) -> Iterator[str]:
         def log_message(self, *a: object) -> None:
             pass
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128
+
+    srv = Server(("127.0.0.1", 0), H)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:

@@ -131,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(criteria_table(result))
     print(f"\nverdict: {result['verdict']}" + (f" (failed: {', '.join(result['failed'])})" if result["failed"] else ""))
+    if result.get("sequential"):
+        from vllm_lookahead.gate.report import _sequential_line
+
+        print(_sequential_line(result["sequential"]))
     mde = result["mde"]
     print(f"minimum detectable pass-rate change (80% power, alpha {policy['alpha']}) for these {result['n_items']} "
           f"items: {mde['pass_rate_delta_at_80pct_power'] if mde['pass_rate_delta_at_80pct_power'] is None else round(mde['pass_rate_delta_at_80pct_power'], 3)} "

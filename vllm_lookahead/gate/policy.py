@@ -24,7 +24,7 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "latency": {"required": bool, "min_speedup": (int, float)},
     "acceptance_length": {"required": bool, "min_mean_length": (int, float)},
 }
-TOP = {"version", "alpha", "multiple_testing", "bootstrap", "criteria", "runs"}
+TOP = {"version", "alpha", "multiple_testing", "bootstrap", "criteria", "runs", "sequential"}
 
 
 class PolicyError(ValueError):
@@ -57,7 +57,7 @@ def validate(policy: Any) -> dict[str, Any]:
         raise PolicyError(f"policy: alpha must be in (0, 1), got {out['alpha']}")
     if out["multiple_testing"] not in ("holm", "bh", "bonferroni"):
         raise PolicyError(f"policy: multiple_testing must be holm, bh or bonferroni, got {out['multiple_testing']!r}")
-    for section in ("bootstrap", "runs"):
+    for section in ("bootstrap", "runs", "sequential"):
         given = policy.get(section) or {}
         if not isinstance(given, dict):
             raise PolicyError(f"policy: {section} must be a mapping")
@@ -102,6 +102,11 @@ def validate(policy: Any) -> dict[str, Any]:
         raise PolicyError("policy: criteria.sampled.samples_per_item is 0 but criteria.sampled.required is true; "
                           "the T>0 check cannot run without samples: set samples_per_item >= 1, or "
                           "required: false to ship without checking T>0 outputs")
+    sq = out["sequential"]
+    if isinstance(sq["looks"], bool) or not isinstance(sq["looks"], int) or not 1 <= sq["looks"] <= 10:
+        raise PolicyError(f"policy: sequential.looks must be an integer in 1..10, got {sq['looks']!r}")
+    if sq["spending"] != "obrien_fleming":
+        raise PolicyError(f"policy: sequential.spending must be obrien_fleming, got {sq['spending']!r}")
     for key in ("aa_batch_size", "latency_items"):
         v = out["runs"][key]
         if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "aa_batch_size" else 0):

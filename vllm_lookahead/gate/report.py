@@ -81,8 +81,17 @@ def markdown_summary(result: dict[str, Any]) -> str:
               "", f"Minimum detectable pass-rate delta (80% power, alpha {meta['alpha']}): "
               f"{_fmt(result['mde']['pass_rate_delta_at_80pct_power'])} at observed discordance "
               f"{result['mde']['observed_discordance']:.3f}. Gate wall time {meta['wall_s']:.0f} s.",
+              *([_sequential_line(result["sequential"])] if result.get("sequential") else []),
               "", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def _sequential_line(sq: dict[str, Any]) -> str:
+    h = sq["history"][-1]
+    how = (f"stopped early at look {sq['stopped_at']} of {sq['looks']} ({h['items']} items): FAIL decided by "
+           f"{', '.join(h['decided_fail'])} at alpha {h['alpha']:.3g}" if sq["stopped_early"] else
+           f"all {sq['looks']} looks run; the verdict is judged at the last look's alpha {h['alpha']:.3g}")
+    return f"Sequential ({sq['spending']}): {how}."
 
 
 def _png(fig: Any) -> str:

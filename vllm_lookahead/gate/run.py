@@ -6,6 +6,7 @@ checked before the first engine starts, so a usage error costs seconds, not minu
 
 from __future__ import annotations
 
+import copy
 import platform
 import sys
 import time
@@ -156,9 +157,12 @@ def score_samples(inp: GateInputs, runs: list[RunResult | None]) -> float:
 
 
 def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[Any],
-             report_dir: Path | None, wall_s: float) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Analyse two finished arms and (optionally) write the report."""
-    result = analyse(inp.items, base, cand, inp.policy, classifiers, [it.id for it in latency_items(inp)])
+             report_dir: Path | None, wall_s: float,
+             override: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Analyse two finished arms and (optionally) write the report (``override``: a result already
+    analysed, e.g. by the sequential loop, to report as it is)."""
+    result = override if override is not None else analyse(
+        inp.items, base, cand, inp.policy, classifiers, [it.id for it in latency_items(inp)])
     try:
         import vllm
 
@@ -197,7 +201,74 @@ def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[An
 def run_gate(inp: GateInputs, report_dir: Path | None) -> tuple[dict[str, Any], dict[str, Path]]:
     classifiers = preflight(inp)
     t0 = time.perf_counter()
+    looks = inp.policy["sequential"]["looks"]
+    if looks > 1:
+        return run_sequential(inp, classifiers, report_dir, t0)
     base = run_baseline(inp)
     cand = run_candidate(inp)
     score_samples(inp, [base.sampled, cand.sampled])
     return evaluate(inp, base, cand, classifiers, report_dir, time.perf_counter() - t0)
+
+
+def run_sequential(inp: GateInputs, classifiers: list[Any], report_dir: Path | None,
+                   t0: float) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The eval set in stages (``gate.sequential``): after each, analyse everything run so far at the
+    look's spent alpha; stop at the first look where a FAIL is decided, else judge the whole set at the
+    last look's level."""
+    import dataclasses
+
+    from vllm_lookahead.gate import sequential as sq
+
+    pol = inp.policy
+    stages = sq.split(inp.items, pol["sequential"]["looks"])
+    n_all = len(inp.items)
+    ran: list[EvalItem] = []
+    fractions = []
+    for st in stages:
+        ran_n = len(ran) + len(st)
+        fractions.append(ran_n / n_all)
+        ran = ran + st
+    alphas = sq.look_alphas(len(stages), pol["alpha"], fractions)
+    alphas_s = sq.look_alphas(len(stages), pol["criteria"]["sampled"]["alpha"], fractions)
+    base = cand = None
+    done: list[EvalItem] = []
+    looks_log: list[dict[str, Any]] = []
+    for k, st in enumerate(stages):
+        stage_pol = copy.deepcopy(pol)
+        if k > 0:
+            stage_pol["runs"]["latency_items"] = 0  # the batch-1 latency subset runs once, in stage 1
+        stage_inp = dataclasses.replace(inp, items=st, policy=stage_pol)
+        b, c = run_baseline(stage_inp), run_candidate(stage_inp)
+        for r in (b.sampled, c.sampled):
+            if r is not None:
+                r.name = f"{r.name} [look {k + 1}]"  # PIT randomisation drawn afresh per look
+        score_samples(stage_inp, [b.sampled, c.sampled])
+        base, cand = sq.merge(base, b), sq.merge(cand, c)
+        done = done + st
+        last = k == len(stages) - 1
+        look_inp = dataclasses.replace(inp, items=done, policy=sq.policy_at(pol, alphas[k], alphas_s[k]))
+        result, _ = evaluate(look_inp, base, cand, classifiers, None, time.perf_counter() - t0)
+        decided = sq.decided_fail(result, alphas[k], alphas_s[k])
+        looks_log.append({"look": k + 1, "items": len(done), "fraction": fractions[k], "alpha": alphas[k],
+                          "sampled_alpha": alphas_s[k], "decided_fail": decided, "verdict": result["verdict"]})
+        _progress(f"look {k + 1}/{len(stages)}: {len(done)} items, alpha {alphas[k]:.3g}: "
+                  + (f"FAIL decided ({', '.join(decided)})" if decided else "not decided" if not last
+                     else result["verdict"]))
+        if decided or last:
+            break
+    seq_info = {"looks": len(stages), "spending": "obrien_fleming (Lan-DeMets), union bound over looks",
+                "alphas": alphas, "sampled_alphas": alphas_s, "stopped_at": len(looks_log),
+                "stopped_early": len(looks_log) < len(stages), "history": looks_log}
+    look_inp = dataclasses.replace(inp, items=done, policy=sq.policy_at(pol, alphas[len(looks_log) - 1],
+                                                                        alphas_s[len(looks_log) - 1]))
+    assert base is not None and cand is not None
+    result, _ = evaluate(look_inp, base, cand, classifiers, None, time.perf_counter() - t0)
+    if looks_log[-1]["decided_fail"]:
+        result["verdict"] = "FAIL"
+        result["failed"] = sorted(set(result["failed"]) | set(looks_log[-1]["decided_fail"]))
+    result["sequential"] = seq_info
+    paths: dict[str, Path] = {}
+    if report_dir is not None:
+        result, paths = evaluate(look_inp, base, cand, classifiers, report_dir, time.perf_counter() - t0,
+                                 override=result)
+    return result, paths
