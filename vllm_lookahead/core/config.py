@@ -53,6 +53,10 @@ class LookaheadConfig:
     extra_args["lookahead"]["tenant"]).  Memory: ~`memory_depth` dict entries per token."""
     memory_depth: int = 8
     """Longest context (tokens) the output memory matches on."""
+    pool_max_batch: int = 8
+    """Policy "cost": LADE's pool and the Jacobi iterate are sources (and kept up to date) only while at
+    most this many requests run -- their drafts are accepted least often, so they pay only where draft
+    rows are cheap, and their upkeep is most of the proposer's time at large batches."""
     cost_margin: float = 0.02
     """Drafts are made only when the step-time model predicts at least this much more tokens/s than
     no drafts (a guard against estimation error)."""
@@ -143,6 +147,7 @@ class LookaheadConfig:
         need(0 <= self.memory_tokens <= 100_000_000, "memory_tokens", "must be in 0..100,000,000")
         need(1 <= self.memory_depth <= 32, "memory_depth", "must be in 1..32")
         need(0.0 <= self.cost_margin <= 1.0, "cost_margin", "must be in [0, 1]")
+        need(self.pool_max_batch >= 0, "pool_max_batch", "must be >= 0")
         need(0.0 <= self.ema_decay < 1.0, "ema_decay", "must be in [0, 1)")
         need(0.0 <= self.min_acceptance <= 1.0, "min_acceptance", "must be in [0, 1]")
         need(self.free_draft_batch_size >= 0, "free_draft_batch_size", "must be >= 0")

@@ -131,9 +131,13 @@ class LookaheadDrafter:
             # the step just done ran last step's rows and drafts; no request joined (no prefill in it)
             self.cost.observe(last[1], last[2], now - last[3])
         table, memory = self.table, self.memory
+        # LADE's pool and Jacobi iterate: their drafts are accepted least often, so they pay only where
+        # rows are cheap; above `pool_max_batch` rows their upkeep (indexing, trajectories) is skipped
+        use_pool = len(rows) <= self.cfg.pool_max_batch
         states = []
         for row in rows:
             st = self._state(row)
+            st.use_pool = use_pool
             cells, probs = st.last_cells, st.last_p
             st.last_outcome = None
             st.observe(row.context, row.num_tokens, row.new_tokens, row.verified, row.argmax)
@@ -151,9 +155,6 @@ class LookaheadDrafter:
             st.memory_seen = row.num_tokens
             states.append(st)
         table.refresh()
-        # the pool/Jacobi sources cost proposer time; skip them when the last step's budget was empty
-        # at a batch large enough that their estimates could not have paid (they are re-tried on probes)
-        use_pool = len(rows) <= 8 or self.last_budget > 0
         cands, flat_p, owner = [], [], []
         for i, (row, st) in enumerate(zip(rows, states)):
             if not row.new_tokens:  # still in prefill: nothing to draft from yet

@@ -58,6 +58,7 @@ class RequestState:
         self.hist_expected = 0.0
         self.isolation_key: object = None
         self.memory_seen = 0  # committed tokens already handed to the engine-wide memory
+        self.use_pool = True  # policy "cost" turns the pool's upkeep off while the batch is large
 
     # ------------------------------------------------------------------ observe
     def observe(self, context: np.ndarray | list[int], num_tokens: int, new_tokens: list[int],
@@ -87,7 +88,7 @@ class RequestState:
         src[1] += accepted
         rate = accepted / len(drafts)
         self.ema = self.cfg.ema_decay * self.ema + (1.0 - self.cfg.ema_decay) * rate
-        if argmax is None or len(argmax) != len(drafts) + 1:
+        if argmax is None or len(argmax) != len(drafts) + 1 or not self.use_pool:
             self.jacobi = []
             return
         out = _ints(argmax)
@@ -107,7 +108,8 @@ class RequestState:
         lo = min(max(start - (self.cfg.ngram - 1), key_floor, 0), start)
         window = _ints(context[lo:num_tokens])  # one conversion to Python ints for both indexes
         self.index.extend(window[start - lo:])
-        self.pool.add_sequence(window, start=max(key_floor - lo, 0))
+        if self.use_pool:
+            self.pool.add_sequence(window, start=max(key_floor - lo, 0))
         if self.shared is not None:  # output n-grams only: prompts are the client's, not the model's
             self.shared.add_sequence(window, start=max(self.prompt_len - 1 - lo, 0))
         self.seen = num_tokens

@@ -60,8 +60,9 @@ class SuffixMemory:
         for t in new_tokens:
             t = int(t)
             n = len(toks)
-            for m in range(1, min(depth, n) + 1):
-                ctx = (key, tuple(toks[n - m :]))
+            tail = tuple(toks[n - depth :]) if n > depth else tuple(toks)
+            for m in range(1, len(tail) + 1):
+                ctx = (key, tail[-m:])
                 node = children.get(ctx)
                 if node is None:
                     children[ctx] = {None: 1, -1: t, t: 1}
@@ -106,15 +107,20 @@ class SuffixMemory:
             return [], [], 0
         children = self._children
         n = len(context)
-        ctx: tuple[int, ...] = ()
-        node = None
-        for m in range(min(self.depth, n), 0, -1):
-            ctx = tuple(context[n - m :])
-            node = children.get((key, ctx))
-            if node is not None:
-                break
+        tail = tuple(context[n - self.depth :]) if n > self.depth else tuple(context)
+        # Every suffix of a stored context is stored too, so "stored" is monotone in the length:
+        # binary search for the longest (3 look-ups at depth 8 instead of up to 8).
+        lo, hi, node = 0, len(tail), None
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            found = children.get((key, tail[-mid:]))
+            if found is not None:
+                lo, node = mid, found
+            else:
+                hi = mid - 1
         if node is None:
             return [], [], 0
+        ctx = tail[-lo:]
         matched = len(ctx)
         out: list[int] = []
         probs: list[float] = []
