@@ -9,9 +9,11 @@ One short string per decoder keeps the command line readable and the report self
     suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1,cache=10000]
                                                vLLM's suffix decoding (needs arctic-inference,
                                                extra "suffix"); drafts up to k tokens
-    lookahead:k=4[,window=W,ngram=N,pool_size=G,...]
+    lookahead:k=4[,window=,ngram=,pool_size=,...]
                                                vllm_lookahead.LookaheadProposer (CONTRACTS.md); keys
-                                               and ranges are the proposer's (core.LookaheadConfig)
+                                               and ranges are the proposer's (core.LookaheadConfig);
+                                               W/N/G, if given, are LADE's 2D shape (lade_window,
+                                               lade_ngram, lade_candidates) here as everywhere
     lookahead2d:W=5,N=3,G=5[,k=,max_batch=1,chain_k=4,policy=measure,context=0,shared=0]
                                                the same proposer with LADE's 2D layout (layout=2d);
                                                k defaults to (N-1)(W+G)-1, max_batch = lade_max_batch,
@@ -34,6 +36,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_lookahead.core.config import ALIASES, K_LIMITS
+
 LOOKAHEAD_CLASS = "vllm_lookahead.LookaheadProposer"
 NGRAM_KEYS = ("n_min", "n_max", "kbs")
 # suffix SPEC key -> vLLM SpeculativeConfig field (vLLM's defaults when a key is left out)
@@ -41,13 +45,14 @@ SUFFIX_KEYS = {"depth": "suffix_decoding_max_tree_depth", "spec_factor": "suffix
                "min_prob": "suffix_decoding_min_token_prob", "cache": "suffix_decoding_max_cached_requests",
                "kbs": "num_speculative_tokens_per_batch_size"}
 MAX_K = 16
-MAX_K_2D = 128  # vLLM's MAX_SPEC_LEN: the 2D layout's rows are its drafts
-LADE_KEYS = {"W": "lade_window", "N": "lade_ngram", "G": "lade_candidates", "max_batch": "lade_max_batch",
+MAX_K_2D = K_LIMITS[1]  # vLLM's MAX_SPEC_LEN: the 2D layout's rows are its drafts
+# W/N/G: the one meaning of core.config.ALIASES (LADE's window, n-gram size, candidates) in both kinds
+LADE_KEYS = {**ALIASES, "max_batch": "lade_max_batch",
              "seed": "lade_seed", "chain_k": "chain_max_draft", "policy": "lade_policy",
              "context": "lade_context_candidate", "shared": "lade_shared_candidates"}
 SPEC_HELP = (
     "decoder SPEC: none | ngram:k=4[,n_min=2,n_max=4] | suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1]"
-    " | lookahead:k=4[,window=W,ngram=N,pool_size=G] | lookahead2d:W=5,N=3,G=5[,max_batch=1]"
+    " | lookahead:k=4[,window=0,ngram=4,pool_size=8] | lookahead2d:W=5,N=3,G=5[,max_batch=1]"
     " | custom:pkg.module.Class:k=4[,key=value,...]"
 )
 

@@ -15,6 +15,49 @@ class LookaheadConfigError(ValueError):
     pass
 
 
+# Ranges and choices, declared once: ``LookaheadConfig.__post_init__`` enforces them, the per-request
+# ``extra_args["lookahead"]`` reader clamps to them, and the Helm chart's values.schema.json
+# ``lookahead`` subtree is generated from them (deploy/scripts/gen_lookahead_schema.py; a test fails on
+# drift).  (lo, hi): inclusive; hi None = unbounded.  Keys not listed here have no range.
+LIMITS: dict[str, tuple[float, float | None]] = {
+    "ngram": (2, 16), "pool_size": (1, 1024), "max_pool_keys": (1, 10_000_000),
+    "shared_pool_keys": (0, 10_000_000), "max_prompt_index_tokens": (0, None), "min_match": (1, 32),
+    "max_match": (1, 32), "window": (0, 64), "memory_tokens": (0, 100_000_000), "memory_depth": (1, 32),
+    "cost_margin": (0.0, 1.0), "pool_max_batch": (0, None), "ema_decay": (0.0, 1.0), "min_acceptance": (0.0, 1.0),
+    "free_draft_batch_size": (0, None), "probe_interval": (1, None), "max_batch_draft_tokens": (0, None),
+    "batch_size_threshold": (1, None), "busy_min_acceptance": (0.0, 1.0), "confident_match": (1, 32),
+    "max_dormant_requests": (0, None), "lade_window": (1, 64), "lade_ngram": (3, 16),
+    "lade_candidates": (0, 64), "lade_max_batch": (0, None), "lade_context_candidate": (0, 32),
+    "lade_shared_candidates": (0, 16), "chain_max_draft": (0, 128),
+}
+CHOICES: dict[str, tuple[str, ...]] = {
+    "policy": ("cost", "ema"), "layout": ("chain", "2d"), "lade_policy": ("measure", "always"),
+}
+EXCLUSIVE_HI = frozenset({"ema_decay"})  # upper bound not allowed itself
+K_LIMITS = (1, 128)
+"""num_speculative_tokens: vLLM's MAX_SPEC_LEN bounds a step's draft rows (the 2D layout uses them all)."""
+ALIASES: dict[str, str] = {"W": "lade_window", "N": "lade_ngram", "G": "lade_candidates"}
+"""W/N/G mean LADE's window, n-gram size and candidates (guess set) -- the 2D layout's shape -- in
+every place they are accepted: this config dict, the ``lookahead`` / ``lookahead2d`` SPEC strings and a
+request's ``extra_args["lookahead"]``.  The chain's own knobs have long names only (``window``,
+``ngram``, ``pool_size``)."""
+NOTES = {"window": " (0 = k)", "chain_max_draft": " (0 = k)", "lade_ngram": " (N=2 leaves no lookahead level)"}
+
+
+def range_text(key: str) -> str:
+    lo, hi = LIMITS[key]
+    if hi is None:
+        text = f"must be >= {lo}"
+    else:
+        text = f"must be in [{lo}, {hi})" if key in EXCLUSIVE_HI else f"must be in {lo}..{hi}"
+    return text + NOTES.get(key, "")
+
+
+def in_range(key: str, value: float) -> bool:
+    lo, hi = LIMITS[key]
+    return value >= lo and (hi is None or (value < hi if key in EXCLUSIVE_HI else value <= hi))
+
+
 @dataclass(frozen=True)
 class LookaheadConfig:
     # --- n-gram pool (LADE's G and N) ---
@@ -135,37 +178,12 @@ class LookaheadConfig:
                 isinstance(v, (int, float)) and not isinstance(v, bool) if expected is float
                 else isinstance(v, int) and not isinstance(v, bool))
             need(ok, f.name, f"expected {expected.__name__}")
-        need(2 <= self.ngram <= 16, "ngram", "must be in 2..16")
-        need(1 <= self.pool_size <= 1024, "pool_size", "must be in 1..1024")
-        need(1 <= self.max_pool_keys <= 10_000_000, "max_pool_keys", "must be in 1..10,000,000")
-        need(0 <= self.shared_pool_keys <= 10_000_000, "shared_pool_keys", "must be in 0..10,000,000")
-        need(self.max_prompt_index_tokens >= 0, "max_prompt_index_tokens", "must be >= 0")
-        need(1 <= self.min_match <= self.max_match, "min_match", "must be >= 1 and <= max_match")
-        need(self.max_match <= 32, "max_match", "must be <= 32")
-        need(0 <= self.window <= 64, "window", "must be in 0..64 (0 = k)")
-        need(self.policy in ("cost", "ema"), "policy", 'must be "cost" or "ema"')
-        need(0 <= self.memory_tokens <= 100_000_000, "memory_tokens", "must be in 0..100,000,000")
-        need(1 <= self.memory_depth <= 32, "memory_depth", "must be in 1..32")
-        need(0.0 <= self.cost_margin <= 1.0, "cost_margin", "must be in [0, 1]")
-        need(self.pool_max_batch >= 0, "pool_max_batch", "must be >= 0")
-        need(0.0 <= self.ema_decay < 1.0, "ema_decay", "must be in [0, 1)")
-        need(0.0 <= self.min_acceptance <= 1.0, "min_acceptance", "must be in [0, 1]")
-        need(self.free_draft_batch_size >= 0, "free_draft_batch_size", "must be >= 0")
-        need(self.probe_interval >= 1, "probe_interval", "must be >= 1")
-        need(self.max_batch_draft_tokens >= 0, "max_batch_draft_tokens", "must be >= 0")
-        need(self.batch_size_threshold >= 1, "batch_size_threshold", "must be >= 1")
-        need(0.0 <= self.busy_min_acceptance <= 1.0, "busy_min_acceptance", "must be in [0, 1]")
-        need(1 <= self.confident_match <= 32, "confident_match", "must be in 1..32")
-        need(self.max_dormant_requests >= 0, "max_dormant_requests", "must be >= 0")
-        need(self.layout in ("chain", "2d"), "layout", 'must be "chain" or "2d"')
-        need(1 <= self.lade_window <= 64, "lade_window", "must be in 1..64")
-        need(3 <= self.lade_ngram <= 16, "lade_ngram", "must be in 3..16 (N=2 leaves no lookahead level)")
-        need(0 <= self.lade_candidates <= 64, "lade_candidates", "must be in 0..64")
-        need(self.lade_max_batch >= 0, "lade_max_batch", "must be >= 0")
-        need(0 <= self.lade_context_candidate <= 32, "lade_context_candidate", "must be in 0..32")
-        need(0 <= self.lade_shared_candidates <= 16, "lade_shared_candidates", "must be in 0..16")
-        need(self.lade_policy in ("measure", "always"), "lade_policy", 'must be "measure" or "always"')
-        need(0 <= self.chain_max_draft <= 128, "chain_max_draft", "must be in 0..128 (0 = k)")
+        for key in LIMITS:
+            v = getattr(self, key)
+            need(in_range(key, v), key, range_text(key))
+        for key, allowed in CHOICES.items():
+            need(getattr(self, key) in allowed, key, "must be " + " or ".join(f'"{c}"' for c in allowed))
+        need(self.min_match <= self.max_match, "min_match", "must be <= max_match")
         need(self.lade_rows <= 129, "lade_window",
              f"(N-1)(W+G) = {self.lade_rows} rows exceeds vLLM's 128 draft tokens + 1")
 
@@ -179,8 +197,7 @@ class LookaheadConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> LookaheadConfig:
         raw = dict(raw or {})
-        aliases = {"W": "window", "N": "ngram", "G": "pool_size"}
-        for short, long in aliases.items():
+        for short, long in ALIASES.items():
             if short in raw:
                 if long in raw:
                     raise LookaheadConfigError(f"lookahead config: give {short!r} or {long!r}, not both")
@@ -217,3 +234,29 @@ class LookaheadConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def overrides(self) -> dict[str, Any]:
+        """The validated settings that differ from the defaults, by canonical name (what telemetry
+        reports as the decoder's params: aliases resolved, nothing unvalidated)."""
+        default = LookaheadConfig()
+        return {k: v for k, v in self.as_dict().items() if v != getattr(default, k)}
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON schema of a ``lookahead`` config dict (types, ranges, choices, defaults; no unknown keys),
+    generated from the dataclass and ``LIMITS``/``CHOICES`` -- the chart's schema embeds it."""
+    props: dict[str, Any] = {}
+    for f in fields(LookaheadConfig):
+        kind = {"bool": "boolean", "float": "number", "str": "string"}.get(str(f.type), "integer")
+        prop: dict[str, Any] = {"type": kind, "default": f.default}
+        if f.name in LIMITS:
+            lo, hi = LIMITS[f.name]
+            prop["minimum"] = lo
+            if hi is not None:
+                prop["exclusiveMaximum" if f.name in EXCLUSIVE_HI else "maximum"] = hi
+        if f.name in CHOICES:
+            prop["enum"] = list(CHOICES[f.name])
+        props[f.name] = prop
+    for short, long in ALIASES.items():
+        props[short] = {k: v for k, v in props[long].items() if k != "default"} | {"description": f"alias of {long}"}
+    return {"type": "object", "additionalProperties": False, "properties": props}

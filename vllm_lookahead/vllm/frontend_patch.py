@@ -108,14 +108,16 @@ class RequestInfo:
 
 # ---- what we read from vLLM objects --------------------------------------------------------------
 def lookahead_params(vllm_config: Any) -> dict[str, Any]:
-    extra = getattr(vllm_config, "additional_config", None) or {}
-    params = extra.get("lookahead") if isinstance(extra, dict) else None
-    if params is None and os.environ.get("VLLM_LOOKAHEAD_CONFIG"):
-        try:
-            params = json.loads(os.environ["VLLM_LOOKAHEAD_CONFIG"])
-        except ValueError:
-            params = None
-    return dict(params) if isinstance(params, dict) else {}
+    """The engine's lookahead settings as the proposer reads them: the one validated reader
+    (``LookaheadConfig.from_sources``: additional_config, else $VLLM_LOOKAHEAD_CONFIG), reported as
+    canonical names of the values that differ from the defaults.  An invalid config (the worker will
+    refuse to start) is reported as such rather than re-parsed a second way."""
+    from vllm_lookahead.core.config import LookaheadConfig, LookaheadConfigError
+
+    try:
+        return LookaheadConfig.from_sources(getattr(vllm_config, "additional_config", None)).overrides()
+    except (LookaheadConfigError, TypeError) as e:
+        return {"invalid_config": str(e)}
 
 
 def describe_decoder(vllm_config: Any) -> Decoder:

@@ -31,6 +31,7 @@ import numpy as np
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError, LookaheadDrafter, RowStep
 from vllm_lookahead.core.arbiter import LayoutArbiter
+from vllm_lookahead.core.config import ALIASES, LIMITS
 from vllm_lookahead.core.lade import LadeState
 
 from . import lade2d
@@ -257,12 +258,17 @@ class LookaheadProposer:
 
     def _lade_shape(self, sampling_params: Any) -> tuple[int, int, int]:
         """W, N, G for a request: the engine's, or smaller ones the client asked for in
-        ``SamplingParams.extra_args["lookahead"]`` (keys W/N/G; capped at the engine's values)."""
+        ``SamplingParams.extra_args["lookahead"]`` -- keys W/N/G with the one meaning of
+        ``core.config.ALIASES`` (or their long names), clamped to the declared lower bound
+        (``core.config.LIMITS``) and capped at the engine's values."""
         cfg = self.config
-        shape = [cfg.lade_window, cfg.lade_ngram, cfg.lade_candidates]
+        keys = ("lade_window", "lade_ngram", "lade_candidates")
+        shape = [getattr(cfg, k) for k in keys]
         asked = (getattr(sampling_params, "extra_args", None) or {}).get("lookahead") or {}
-        for j, (key, low) in enumerate((("W", 1), ("N", 3), ("G", 0))):
-            v = asked.get(key) if isinstance(asked, dict) else None
-            if isinstance(v, int) and not isinstance(v, bool):
-                shape[j] = min(max(v, low), shape[j])
+        if isinstance(asked, dict):
+            asked = {ALIASES.get(k, k): v for k, v in asked.items()}
+            for j, key in enumerate(keys):
+                v = asked.get(key)
+                if isinstance(v, int) and not isinstance(v, bool):
+                    shape[j] = min(max(v, int(LIMITS[key][0])), shape[j])
         return shape[0], shape[1], shape[2]
