@@ -76,12 +76,18 @@ def check_bf16(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def speed_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """Tokens/s and speed-up over ``none``; with one repeat (smoke) the single run's figures."""
+    none = next((r for r in bench["results"] if r["method"] == "none"), None)
     out = []
     for method, bs, m in _rows(bench):
-        out.append({"method": method, "batch_size": int(bs),
-                    "tokens_per_s_median": m.get("tokens_per_s_median", m.get("tokens_per_s")),
+        tps = m.get("tokens_per_s_median", m.get("tokens_per_s"))
+        speedup = m.get("speedup_vs_none_median")
+        if speedup is None and none is not None and tps:
+            base = none["by_batch_size"].get(bs, {}).get("tokens_per_s")
+            speedup = tps / base if base else None
+        out.append({"method": method, "batch_size": int(bs), "tokens_per_s_median": tps,
                     "tokens_per_s_min": m.get("tokens_per_s_min"), "tokens_per_s_max": m.get("tokens_per_s_max"),
-                    "speedup_vs_none_median": m.get("speedup_vs_none_median"),
+                    "speedup_vs_none_median": speedup,
                     "speedup_vs_none_min": m.get("speedup_vs_none_min"),
                     "speedup_vs_none_max": m.get("speedup_vs_none_max"),
                     "compression": m.get("compression"), "acceptance_rate": m.get("acceptance_rate")})
@@ -120,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bf16  {row['method']:<45} batch {row['batch_size']:>3}: match {row['match_vs_none']} "
               f"(A/A {row['aa_none_vs_none_bs1']})")
     for row in summary["speed_bf16"]:
+        sp = row["speedup_vs_none_median"]
         print(f"speed {row['method']:<45} batch {row['batch_size']:>3}: {row['tokens_per_s_median']:.0f} tok/s, "
-              f"x none {row['speedup_vs_none_median']}")
+              f"x none {'-' if sp is None else f'{sp:.2f}'}")
     for f in summary["failures"]:
         print(f"FAIL: {f}", file=sys.stderr)
     print(f"gpu_check: {'PASS' if summary['passed'] else 'FAIL'} -> {args.json}")
