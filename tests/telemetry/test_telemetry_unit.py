@@ -83,6 +83,28 @@ def test_sample_validates_and_carries_what_the_sidecar_needs():
     assert t["tpot_s"] == pytest.approx((1.5 - 0.25) / 3)
 
 
+def test_schema_1_1_fields_and_1_0_samples_stay_valid():
+    """stop_reason (string or token id), the choice index and vLLM's own id are optional 1.1 fields:
+    a 1.0 sample without them validates, and the decision hashes vLLM's id, not the prefixed one."""
+    from quality_sidecar.synth import SampleStream
+
+    old = SampleStream(seed=3).take(1)[0]
+    assert old["schema_version"] == "1.0" and "stop_reason" not in old["output"]
+    validate_sample(old)
+    req = make_request("llm-00ff-3#1", stop_reason="\n", engine_request_id="3#1", choice_index=1)
+    s = build_sample(req, arm="baseline", release=None, instance=None, redact_prompts=False)
+    validate_sample(s)
+    assert s["schema_version"] == "1.1" and s["vllm_request_id"] == "3#1"
+    assert s["output"]["stop_reason"] == "\n" and s["output"]["index"] == 1
+    assert req.decision_id == "3#1"
+    s = build_sample(make_request(stop_reason=2), arm="baseline", release=None, instance=None,
+                     redact_prompts=False)
+    validate_sample(s)
+    assert s["output"]["stop_reason"] == 2 and "index" not in s["output"] and "vllm_request_id" not in s
+    assert build_sample(make_request(), arm="baseline", release=None, instance=None,
+                        redact_prompts=False)["output"]["stop_reason"] is None
+
+
 def test_redaction_keeps_hash_drops_text():
     req = make_request()
     s = build_sample(req, arm="unknown", release=None, instance=None, redact_prompts=True)
