@@ -100,7 +100,11 @@ def test_context_lookup_matches_bruteforce(seq, lo, span):
 
 # ----------------------------------------------------------------------------- config
 def test_config_validation_messages():
-    assert LookaheadConfig.from_dict({"W": 3, "N": 5, "G": 2}).ngram == 5
+    # W/N/G mean LADE's 2D shape everywhere (core.config.ALIASES), never the chain's knobs
+    cfg = LookaheadConfig.from_dict({"W": 3, "N": 5, "G": 2})
+    assert (cfg.lade_window, cfg.lade_ngram, cfg.lade_candidates) == (3, 5, 2)
+    assert (cfg.window, cfg.ngram, cfg.pool_size) == (0, 4, 8)
+    assert cfg.overrides() == {"lade_window": 3, "lade_ngram": 5, "lade_candidates": 2}
     with pytest.raises(LookaheadConfigError, match="ngram=1 is invalid"):
         LookaheadConfig.from_dict({"ngram": 1})
     with pytest.raises(LookaheadConfigError, match="unknown key"):
@@ -108,7 +112,7 @@ def test_config_validation_messages():
     with pytest.raises(LookaheadConfigError, match="expected int"):
         LookaheadConfig.from_dict({"pool_size": "8"})
     with pytest.raises(LookaheadConfigError, match="not both"):
-        LookaheadConfig.from_dict({"N": 3, "ngram": 3})
+        LookaheadConfig.from_dict({"N": 3, "lade_ngram": 3})
     with pytest.raises(LookaheadConfigError, match="min_match"):
         LookaheadConfig.from_dict({"min_match": 5, "max_match": 2})
 
