@@ -104,6 +104,11 @@ class _FaultyProposer:
         self.eos = int(eos[0] if isinstance(eos, (list, tuple)) else (eos if eos is not None else 0))
         self.vocab = int(vllm_config.model_config.get_vocab_size())
         _install_patches()
+        # like LookaheadProposer: only the injected fault may differ from an exact decoder, so vLLM's
+        # CPU expand kernel is fixed here too when its probe finds it broken (served engines)
+        from vllm_lookahead.vllm.fixes import fix_cpu_expand_if_broken
+
+        fix_cpu_expand_if_broken()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:  # vLLM CPU calls this unconditionally
         pass
