@@ -115,7 +115,9 @@ def test_two_replicas_one_group_sigkill_one_every_sample_counted_once(kafka_brok
     topic, group = f"scale-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
     kafka_broker.create_topic(topic, partitions=PARTITIONS)
     cfg = tmp_path / "sidecar.yaml"
-    cfg.write_text(yaml.safe_dump({"monitor": FAST_MONITOR, "commit_interval_s": 0.3, "max_poll_records": 50,
+    # A 2 s checkpoint interval leaves ~200 processed, uncommitted samples on a replica at any moment:
+    # without the checkpoint before revocation, the rejoin would hand them to a replica that counts them again.
+    cfg.write_text(yaml.safe_dump({"monitor": FAST_MONITOR, "commit_interval_s": 2.0, "max_poll_records": 50,
                                    "dedupe_window": 100_000, "kafka_cluster_name": "test"}))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ports = {"a": free_port(), "b": free_port()}
@@ -213,3 +215,50 @@ def test_two_replicas_one_group_sigkill_one_every_sample_counted_once(kafka_brok
         c.close(autocommit=False)
     assert committed == {tp.partition: ends[tp] for tp in tps}
     assert sum(offsets.values()) == n
+
+
+def test_pending_checkpoint_is_adopted_only_when_its_commit_went_through(kafka_broker, tmp_path: Path) -> None:
+    """The crash window between the offset commit and the rename of the state file, on a real broker.
+
+    A pending state whose tag is the group's committed metadata is adopted at start; one whose tag
+    was never committed (the crash hit before the commit) is dropped, and the old state stays.
+    """
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.structs import OffsetAndMetadata, TopicPartition
+
+    from quality_sidecar.service import Service, ServiceConfig
+
+    topic, group = f"pend-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
+    kafka_broker.create_topic(topic)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+    for s in SampleStream(seed=5).take(10):
+        producer.send(topic, json.dumps(s).encode())
+    producer.flush(30)
+    producer.close()
+    state = tmp_path / "state.json"
+    cfg = ServiceConfig.from_dict({"source": f"kafka://{kafka_broker.bootstrap}/{topic}", "group": group,
+                                   "state_path": str(state), "progress": False, "monitor": FAST_MONITOR,
+                                   "max_samples": 10})
+    Service(cfg).run()
+    committed = json.loads(state.read_text())
+    assert committed["pipeline"]["counts"]["samples"] == 10
+
+    def with_pending(tag: str, commit_tag: str | None) -> int:
+        pending = json.loads(json.dumps(committed))
+        pending["tag"] = tag
+        pending["pipeline"]["counts"]["samples"] = 11  # tells the two files apart
+        Path(f"{state}.pending").write_text(json.dumps(pending))
+        if commit_tag is not None:  # what the crashed process's commit left in the group
+            c = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=group, enable_auto_commit=False)
+            c.commit({TopicPartition(topic, 0): OffsetAndMetadata(10, commit_tag, -1)})
+            c.close(autocommit=False)
+        svc = Service(cfg)
+        try:
+            assert not Path(f"{state}.pending").exists()
+            return svc.pipeline.counts["samples"]
+        finally:
+            svc.close()
+
+    assert with_pending("quality-sidecar:x:1", commit_tag=None) == 10  # the commit never happened: dropped
+    assert with_pending("quality-sidecar:x:2", commit_tag="quality-sidecar:x:2") == 11  # committed: adopted
+    assert json.loads(state.read_text())["pipeline"]["counts"]["samples"] == 11
