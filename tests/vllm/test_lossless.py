@@ -1,7 +1,8 @@
 """Proof of losslessness on real vLLM (CPU, trained demo model, float32).
 
 Greedy: outputs with lookahead equal outputs without it, token for token, at batch sizes 1, 8 and 32,
-with prefix caching on, under forced preemption, and for n > 1.  Sampling (T=1): a chi-square test that
+with prefix caching on and under forced preemption.  n > 1 (sampling only in vLLM) is checked for
+per-child drafting, not identity: near-greedy sampling is not greedy even without speculation.  Sampling (T=1): a chi-square test that
 the distribution of generated tokens is unchanged, with a positive control (T=1.3) that the same test
 must reject, so the test is shown to have power.  The benchmark (benchmarks/lossless.py) runs the same
 checks on 200+ prompts and adds the bfloat16 match rate next to its A/A baseline.
@@ -18,7 +19,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MAX_TOKENS = 48
 BATCH_SIZES = (1, 8, 32)
-N2_TEMPERATURE = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +38,8 @@ def greedy_runs(engine_factory):
             runs[spec][f"metrics{bs}"] = [o.outputs[0].spec_decode_metrics for o in outs]
         # prefix caching: the same prompts again hit the cache
         runs[spec]["cached"] = [list(o.outputs[0].token_ids) for o in generate_in_chunks(llm, prompts, 8, sp)]
-        # n > 1 (vLLM allows it only when sampling, T >= 1e-5): each child is its own request id for
-        # the drafter.  At T=1e-4 sampling is greedy up to float ties (a logit gap of 0.002 leaves the
-        # runner-up e^-20), so every child of both decoders must equal the greedy output.
-        multi = llm.generate(prompts[:4], SamplingParams(temperature=N2_TEMPERATURE, max_tokens=MAX_TOKENS, n=2),
+        # n > 1 (vLLM allows it only when sampling): each child is its own request id for the drafter
+        multi = llm.generate(prompts[:4], SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, n=2),
                              use_tqdm=False)
         runs[spec]["n2"] = [[(list(c.token_ids), c.spec_decode_metrics) for c in o.outputs] for o in multi]
         del llm
@@ -79,17 +77,6 @@ def test_n2_children_are_drafted_for_independently(greedy_runs):
     children = [c for group in runs["lookahead:k=4"]["n2"] for c in group]
     assert len(children) == 8 and all(ids for ids, _ in children)
     assert sum(m.to_dict()["num_draft_tokens"] for _, m in children) > 0
-
-
-def test_n2_outputs_equal_no_speculation(greedy_runs):
-    """Lossless with n=2: every child of lookahead (and of `none`, the control that T=1e-4 is greedy
-    here) equals `none`'s greedy output for its prompt, token for token."""
-    _, runs = greedy_runs
-    greedy = runs["none"][1][:4]
-    for spec in ("none", "lookahead:k=4"):
-        bad = [(i, j) for i, group in enumerate(runs[spec]["n2"]) for j, (ids, _) in enumerate(group)
-               if ids != greedy[i]]
-        assert not bad, f"{spec}: n=2 children (prompt, child) {bad} differ from greedy"
 
 
 def test_greedy_identical_under_preemption(engine_factory):
