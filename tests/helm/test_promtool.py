@@ -1,9 +1,10 @@
 """The chart's alerts and dashboard queries, checked and unit-tested by the real promtool.
 
 - ``promtool check rules`` on the rendered PrometheusRule (syntax, templates, durations);
-- ``promtool test rules`` for every alert: it fires on matching series of the release's namespace
-  (with its labels and expanded annotations), stays quiet on healthy series, and ignores the same
-  series from another namespace (and, for the Kafka alerts, another consumer group);
+- ``promtool test rules`` for every alert: it fires on matching series of the release's pods in its
+  namespace (with its labels and expanded annotations), stays quiet on healthy series, and ignores
+  the same series from another namespace, from another release's pods in the same namespace and,
+  for the Kafka alerts, from another consumer group;
 - every dashboard query, with Grafana's variables replaced, parsed by promtool as a recording rule,
   and the APM queries evaluated on vLLM-only series (sidecar off) to show they return data.
 
@@ -21,13 +22,16 @@ from typing import Any
 
 import pytest
 import yaml
-from helm_chart_support import NAMESPACE, by_kind, ci_file, component
+from helm_chart_support import NAMESPACE, RELEASE, by_kind, ci_file, component
 
 from vllm_lookahead.devtools.paths import tool
 
 pytestmark = pytest.mark.helm
 
-NS, OTHER = f'namespace="{NAMESPACE}"', 'namespace="other"'
+# Series as the chart's Service/PodMonitors label them: namespace and pod (pods are <fullname>-<component>-...).
+NS = f'namespace="{NAMESPACE}", pod="{RELEASE}-vllm-lookahead-server-5f7d9-x2k4q"'
+OTHER = f'namespace="other", pod="{RELEASE}-vllm-lookahead-server-5f7d9-x2k4q"'
+OTHER_RELEASE = f'namespace="{NAMESPACE}", pod="other-vllm-lookahead-server-5f7d9-x2k4q"'
 GROUP = 'group="quality-sidecar"'  # sidecar.group default: the Kafka alerts select this release's group
 
 
@@ -96,8 +100,9 @@ def _fires(rule: dict[str, Any], labels: dict[str, str], value: float) -> dict[s
             "exp_annotations": {k: _expand(v, exp_labels, value) for k, v in rule["annotations"].items()}}
 
 
-def _offns(series: Series) -> Series:
-    return [(s.replace(NS, OTHER), v) for s, v in series]
+def _moved(series: Series, where: str) -> Series:
+    """The same series from another namespace or another release's pods."""
+    return [(s.replace(NS, where), v) for s, v in series]
 
 
 M = 'model="m"'
@@ -108,7 +113,7 @@ LAG_NEW_MEMBER = LAG.replace('consumer_id="x"', 'consumer_id="y"')  # the partit
 # alert -> (firing series, eval time, labels of the alert, $value at eval, quiet series, interval).
 CASES: dict[str, tuple[Series, str, dict[str, str], float, list[Series], str]] = {
     "VllmLookaheadDriftAlarm": (
-        [(f'quality_sidecar_alarm{{{NS}, detector="refusal", {M}, arm="candidate", pod="p"}}', "1x20")],
+        [(f'quality_sidecar_alarm{{{NS}, detector="refusal", {M}, arm="candidate"}}', "1x20")],
         "10m", {"detector": "refusal", "model": "m", "arm": "candidate"}, 1,
         [[(f'quality_sidecar_alarm{{{NS}, detector="refusal", {M}, arm="candidate"}}', "0x20")],
          # a latched alarm shorter than `for: 5m` does not page
@@ -193,7 +198,8 @@ def test_alert_fires_stays_quiet_and_is_namespace_scoped(alert: str, promtool: P
     rule = _alerts(rules_file)[alert]
     tests = [_case(firing, at, alert, [_fires(rule, labels, value)], interval)]
     tests += [_case(q, at, alert, [], interval) for q in quiet]
-    tests.append(_case(_offns(firing), at, alert, [], interval))  # another namespace: silent
+    tests.append(_case(_moved(firing, OTHER), at, alert, [], interval))  # another namespace: silent
+    tests.append(_case(_moved(firing, OTHER_RELEASE), at, alert, [], interval))  # another release: silent
     spec = tmp_path / "tests.yaml"
     spec.write_text(yaml.safe_dump({"rule_files": [str(rules_file)], "evaluation_interval": "1m",
                                     "tests": tests}, sort_keys=False))
