@@ -196,3 +196,30 @@ def test_github_actions_example_uses_real_flags() -> None:
     flags = set(re.findall(r"(--[a-z][a-z-]+)", script))
     known = {o for a in build_parser()._actions for o in a.option_strings}
     assert {"--baseline-url", "--candidate-url", "--junit"} <= flags and flags <= known, flags - known
+
+
+def test_truncated_answer_is_an_endpoint_error_not_a_crash() -> None:
+    """A body cut short (Content-Length 100, 10 bytes sent, connection closed): retried, then EndpointError."""
+    class Short(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"choices"')
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Short)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        c = EndpointClient("candidate", f"http://127.0.0.1:{srv.server_address[1]}", "m", FAST)
+        with pytest.raises(EndpointError, match=r"candidate endpoint .*(broken answer|unreachable|garbage)"):
+            c.generate("p", 2, 0.0)
+    finally:
+        srv.shutdown()
+        srv.server_close()

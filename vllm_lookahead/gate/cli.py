@@ -124,6 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     except EndpointError as e:  # an endpoint died or turned to garbage mid-run: no verdict, no report
         print(f"vllm-lookahead gate: error: {e} (no report written)", file=sys.stderr)
         return 2
+    except Exception:  # noqa: BLE001 - anything else is no verdict either: never exit 1, which means FAIL
+        import traceback
+
+        traceback.print_exc()
+        print("vllm-lookahead gate: error: the gate crashed before a verdict (traceback above; no report written)",
+              file=sys.stderr)
+        return 2
     if args.junit:
         Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
         Path(args.junit).write_text(paths["junit"].read_text())

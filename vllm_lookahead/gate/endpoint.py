@@ -100,6 +100,9 @@ class EndpointClient:
             except requests.ConnectionError as e:
                 last = f"unreachable ({_short(str(e.__cause__ or e), 160)})"
                 continue
+            except requests.RequestException as e:  # a broken or truncated answer: retried, then garbage
+                last = f"broken answer ({type(e).__name__}: {_short(str(e), 160)})"
+                continue
             if r.status_code == 429 or r.status_code >= 500:
                 last = f"HTTP {r.status_code}: {_short(r.text)}"
                 continue
