@@ -35,6 +35,14 @@ _PRIOR = np.array(_PRIOR_CTX + [f for _ in range(3) for f in _PRIOR_MEM_FREQ] + 
 _FREQ_EDGES = (0.4, 0.7, 0.9)
 
 
+def _cells(bucket: int, n: int) -> list[int]:
+    """Cells of an n-token draft whose tokens all fall in ``bucket`` (positions 1, 2, 3, 4+)."""
+    return [bucket * DEPTHS + min(j, DEPTHS - 1) for j in range(n)]
+
+
+_CELLS = [[_cells(b, n) for n in range(65)] for b in range(BUCKETS)]  # precomputed: no per-token work
+
+
 def ctx_bucket(match_len: int) -> int:
     return CTX0 + min(match_len, 4) - 1
 
@@ -115,8 +123,7 @@ def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: Suff
 
     cont, m = st.index.lookup(k)
     if cont:
-        b = ctx_bucket(m) * DEPTHS
-        consider(list(cont), [b + min(j, DEPTHS - 1) for j in range(len(cont))], SOURCE_CONTEXT)
+        consider(list(cont), list(_CELLS[ctx_bucket(m)][len(cont)]), SOURCE_CONTEXT)
     if memory is not None:
         mt, mp, mm = memory.lookup(st.isolation_key, toks[-memory.depth :], k)
         if mt:
@@ -135,11 +142,10 @@ def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: Suff
                     break
                 draft.extend(nxt[0][: k - len(draft)])
             draft = draft[:k]
-            b = (POOL0 if agree else POOL0 + 1) * DEPTHS
-            consider(draft, [b + min(j, DEPTHS - 1) for j in range(len(draft))], SOURCE_POOL)
+            consider(draft, list(_CELLS[POOL0 if agree else POOL0 + 1][len(draft)]), SOURCE_POOL)
         if jac:
             jd = jac[:k]
-            consider(list(jd), [JAC0 * DEPTHS + min(j, DEPTHS - 1) for j in range(len(jd))], SOURCE_JACOBI)
+            consider(list(jd), list(_CELLS[JAC0][len(jd)]), SOURCE_JACOBI)
     _, draft, cells, pc, source = best
     if draft and len(draft) < k and memory is not None and source in (SOURCE_CONTEXT, SOURCE_MEMORY):
         # a short context/memory chain continues with what the memory says follows it

@@ -34,8 +34,21 @@ class ContextIndex:
     def lookup(self, max_tokens: int) -> tuple[list[int], int]:
         """(continuation of up to ``max_tokens`` tokens, matched suffix length); ([], 0) if no match."""
         toks = self.tokens
-        for n in range(min(self.max_match, len(toks)), self.min_match - 1, -1):
-            pos = self._last[n].get(tuple(toks[len(toks) - n :]))
-            if pos is not None and pos < len(toks):
-                return toks[pos : pos + max_tokens], n
-        return [], 0
+        n_tok = len(toks)
+        hi = min(self.max_match, n_tok)
+        if hi < self.min_match:
+            return [], 0
+        # An earlier occurrence of a suffix implies one of each shorter suffix: "matched" is monotone
+        # in the length, so binary search (2 look-ups at max_match 4 instead of up to 4).
+        tail = tuple(toks[n_tok - hi :])
+        lo, best = self.min_match - 1, -1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            pos = self._last[mid].get(tail[len(tail) - mid :])
+            if pos is not None and pos < n_tok:
+                lo, best = mid, pos
+            else:
+                hi = mid - 1
+        if best < 0:
+            return [], 0
+        return toks[best : best + max_tokens], lo

@@ -1,0 +1,83 @@
+"""Proposer CPU time per request row at a full batch, without an engine (issue 14, item 3).
+
+Why separate from the bench: the bench's wall-clock proposer share is inflated by whatever else runs on
+the machine; this replays the drafter alone and counts its *process CPU time* (``time.process_time``),
+which load barely moves.  Rows: ``--batch`` held-out prompts (real token ids from the demo tokenizer)
+decoding side by side; each step a random prefix of every draft is accepted and the rest of the argmax
+is random, so every source (context, memory, pool, Jacobi) keeps working.
+
+    python benchmarks/proposer_cost.py --batch 32 --steps 96 --json benchmarks/results/proposer_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def replay(policy: str, prompts: list[list[int]], steps: int, k: int, seed: int) -> dict[str, float]:
+    from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
+
+    drafter = LookaheadDrafter(LookaheadConfig(policy=policy), k)
+    rng = random.Random(seed)
+    ctxs = [list(p) + [1] for p in prompts]
+    plen = [len(p) for p in prompts]
+    cpu = 0.0
+    rows_done = 0
+    t0 = time.process_time()
+    drafts = drafter.step([RowStep(f"r{i}", np.array(c), len(c), [1], 0, None, plen[i]) for i, c in enumerate(ctxs)])
+    first = time.process_time() - t0  # one-off prompt indexing
+    for _ in range(steps):
+        rows = []
+        for i, d in enumerate(drafts):
+            a = rng.randint(0, len(d))
+            new = d[:a] + [rng.randrange(1000)]
+            argmax = np.array(new + [rng.randrange(1000) for _ in range(len(d) - a)])
+            ctxs[i].extend(new)
+            rows.append(RowStep(f"r{i}", np.array(ctxs[i]), len(ctxs[i]), new, len(d), argmax, plen[i]))
+        t0 = time.process_time()
+        drafts = drafter.step(rows)
+        cpu += time.process_time() - t0
+        rows_done += len(rows)
+    return {"policy": policy, "us_per_row": 1e6 * cpu / rows_done, "prompt_indexing_ms_total": 1000 * first,
+            "rows": rows_done}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="models/demo-code-4l")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=96)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--policies", default="cost,ema")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from vllm_lookahead.prompts import load_heldout_prompts
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompts = [tok(p).input_ids for p in load_heldout_prompts(args.batch, "open", seed=0)]
+    out = {}
+    for policy in args.policies.split(","):
+        runs = [replay(policy, prompts, args.steps, args.k, seed) for seed in range(args.repeats)]
+        vals = sorted(r["us_per_row"] for r in runs)
+        out[policy] = {"us_per_row_median": vals[len(vals) // 2], "us_per_row_min": vals[0],
+                       "us_per_row_max": vals[-1], "runs": runs}
+        print(f"{policy}: {vals[len(vals) // 2]:.1f} us CPU per row (min {vals[0]:.1f}, max {vals[-1]:.1f})")
+    if args.json:
+        args.json.write_text(json.dumps({"command": "python benchmarks/proposer_cost.py " + " ".join(
+            argv if argv is not None else sys.argv[1:]), "batch": args.batch, "steps": args.steps, "k": args.k,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": out}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
