@@ -201,7 +201,7 @@ def test_alert_fires_stays_quiet_and_is_namespace_scoped(alert: str, promtool: P
     tests.append(_case(_moved(firing, OTHER), at, alert, [], interval))  # another namespace: silent
     tests.append(_case(_moved(firing, OTHER_RELEASE), at, alert, [], interval))  # another release: silent
     spec = tmp_path / "tests.yaml"
-    spec.write_text(yaml.safe_dump({"rule_files": [str(rules_file)], "evaluation_interval": "1m",
+    spec.write_text(yaml.safe_dump({"rule_files": [str(rules_file)], "evaluation_interval": interval,
                                     "tests": tests}, sort_keys=False))
     proc = _promtool(promtool, "test", "rules", str(spec))
     assert proc.returncode == 0, proc.stdout + proc.stderr
