@@ -350,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                                                              "platform": platform.platform()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "repeats": args.repeats, "load": load,
+        "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
         "results": [{**r, "by_batch_size": {b: {k: v for k, v in m.items() if k != "token_ids"}
                                             for b, m in r["by_batch_size"].items()}} for r in results],
         "reference": reference,
