@@ -2,7 +2,8 @@
 
 Why separate from the bench: the bench's wall-clock proposer share is inflated by whatever else runs on
 the machine; this replays the drafter alone and counts its *process CPU time* (``time.process_time``),
-which load barely moves.  Rows: ``--batch`` held-out prompts (real token ids from the demo tokenizer)
+which load moves less than wall time (it still varies ~30% with cache and core contention;
+repeats give the spread).  Rows: ``--batch`` held-out prompts (real token ids from the demo tokenizer)
 decoding side by side; each step a random prefix of every draft is accepted and the rest of the argmax
 is random, so every source (context, memory, pool, Jacobi) keeps working.
 

@@ -193,3 +193,22 @@ def test_cost_policy_stops_drafting_when_drafts_never_pay():
         lengths.append(len(draft))
     assert d.cost.fitted
     assert sum(lengths[-40:]) == 0, lengths
+
+
+def test_proposer_isolation_key_from_lora_and_tenant():
+    """The engine side: the key is (LoRA adapter, tenant); tenant from extra_args["lookahead"] or
+    extra_args["tenant"]; a request with neither shares the anonymous key."""
+    from types import SimpleNamespace as NS
+
+    from vllm_lookahead.vllm.proposer import isolation_key
+
+    def req(lora=None, extra=None):
+        return NS(lora_request=NS(lora_name=lora, lora_int_id=1) if lora else None,
+                  sampling_params=NS(extra_args=extra))
+
+    assert isolation_key(req()) == (None, None)
+    assert isolation_key(req(lora="sql")) == ("sql", None)
+    assert isolation_key(req(extra={"lookahead": {"tenant": "acme"}})) == (None, "acme")
+    assert isolation_key(req(lora="sql", extra={"tenant": 7})) == ("sql", "7")
+    assert isolation_key(None) == (None, None)
+    assert len({isolation_key(req(lora=a, extra={"tenant": t})) for a in ("x", "y") for t in ("1", "2")}) == 4
