@@ -5,7 +5,8 @@ One short string per decoder keeps the command line readable and the report self
     none                                       no speculation
     ngram:k=4[,n_min=2,n_max=4]                vLLM's prompt-lookup (n-gram) proposer
     ngram:k=4,kbs=1-8x4/9-32x2                 ... with vLLM's per-batch-size K
-                                               (num_speculative_tokens_per_batch_size; also for suffix)
+                                               (num_speculative_tokens_per_batch_size; vLLM 0.32's
+                                               suffix proposer asserts a fixed K, so ngram only)
     suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1,cache=10000]
                                                vLLM's suffix decoding (needs arctic-inference,
                                                extra "suffix"); drafts up to k tokens
@@ -192,8 +193,9 @@ def parse_spec(spec: str, *, check_import: bool = True) -> DecoderSpec:
                             f"allowed: k, {', '.join(SUFFIX_KEYS)}")
         if "depth" in params:
             _positive_int(spec, "depth", params["depth"])
-        if "kbs" in params:
-            parse_kbs(params["kbs"], spec)
+        if "kbs" in params:  # vLLM 0.32's SuffixDecodingProposer asserts a fixed K (measured: it crashes)
+            raise SpecError(f"{spec!r}: vLLM 0.32's suffix proposer does not support a per-batch-size K "
+                            "(kbs); it asserts num_speculative_tokens is fixed. Use it with ngram")
         if "cache" in params and params["cache"] != 0:  # 0 = no global tree (prompt trees only)
             _positive_int(spec, "cache", params["cache"])
         for key, hi in (("spec_factor", None), ("min_prob", 1.0)):
