@@ -26,11 +26,12 @@ def k8s() -> Iterator[K8sCluster]:
     try:
         for i in range(2):
             cluster.add_node(f"kwok-gpu-{i}", cpu="64", memory="1Ti", gpus=8, taints=[GPU_TAINT],
-                             labels=GPU_PRODUCT)
-        cluster.add_node("kwok-cpu-0", cpu="16", memory="64Gi")
-        cluster.add_node("kwok-gpu-full", cpu="32", memory="512Gi", gpus=2,
+                             labels=GPU_PRODUCT, wait=False)
+        cluster.add_node("kwok-cpu-0", cpu="16", memory="64Gi", wait=False)
+        cluster.add_node("kwok-gpu-full", cpu="32", memory="512Gi", gpus=2, wait=False,
                          taints=[GPU_TAINT, FULL_NODE_TAINT], labels={"vllm-lookahead.test/pool": "full"})
         cluster.crds = cluster.install_crds()  # type: ignore[attr-defined]
+        cluster.wait_nodes_ready(timeout=120)
         for obj in PREREQUISITES:
             cluster.apply(obj)
         yield cluster

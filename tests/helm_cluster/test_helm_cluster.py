@@ -98,9 +98,10 @@ def _server_env(k8s: K8sCluster, ns: str, component: str = "server") -> dict[str
 def _assert_release_running(k8s: K8sCluster, ns: str, values: dict[str, Any]) -> None:
     """Every Deployment rolled out, every pod admitted, Ready and on the right kind of node."""
     for d in k8s.get_json("deployments", "-n", ns, "-l", INSTANCE)["items"]:
-        name = d["metadata"]["name"]
-        k8s.kubectl("rollout", "status", f"deployment/{name}", "-n", ns, "--timeout=60s", timeout=70)
-        assert d["spec"]["replicas"] >= 1
+        st = d["status"]  # `helm --wait` returned: the rollout must be complete, not just started
+        assert st.get("observedGeneration") == d["metadata"]["generation"], d["metadata"]["name"]
+        assert d["spec"]["replicas"] >= 1 and st.get("updatedReplicas") == st.get("readyReplicas") \
+            == st.get("replicas") == d["spec"]["replicas"], (d["metadata"]["name"], st)
     for rs in k8s.get_json("replicasets", "-n", ns, "-l", INSTANCE)["items"]:
         failures = [c for c in rs["status"].get("conditions", []) if c["type"] == "ReplicaFailure"]
         assert not failures, f"{rs['metadata']['name']}: {failures}"  # e.g. PodSecurity refused a pod
@@ -133,8 +134,13 @@ def test_control_plane_is_real(k8s: K8sCluster) -> None:
 
 
 @pytest.mark.parametrize("values_file", CI_VALUES, ids=CI_IDS)
-def test_release_lifecycle(k8s: K8sCluster, helm, values_file: Path) -> None:
+def test_release_lifecycle(k8s: K8sCluster, helm, values_file: Path, record_property) -> None:
     """dry-run (strict) -> install -> helm test -> upgrade -> rollback -> uninstall, on the real server."""
+    started, steps = time.monotonic(), {}
+
+    def step(name: str) -> None:  # seconds per step, in the JUnit XML (benchmarks/results/helm_cluster_tier.json)
+        steps[name] = round(time.monotonic() - started - sum(steps.values()), 2)
+
     ns = _namespace(k8s, "ci-" + values_file.name.removesuffix("-values.yaml"))
     values = yaml.safe_load(values_file.read_text()) or {}
 
@@ -144,6 +150,8 @@ def test_release_lifecycle(k8s: K8sCluster, helm, values_file: Path) -> None:
                       input=_render(helm, ns, "-f", str(values_file)), check=False)
     assert dry.returncode == 0, dry.stderr
     assert "Warning" not in dry.stderr, dry.stderr
+
+    step("dry_run")
 
     # 2. Install and wait: pods admitted under enforce=<level>, scheduled, Ready.
     notes = _ok(helm("install", RELEASE, str(CHART), "-n", ns, "-f", str(values_file), "--wait",
@@ -159,6 +167,8 @@ def test_release_lifecycle(k8s: K8sCluster, helm, values_file: Path) -> None:
     assert ("server" in pdbs) == (replicas > 1 and server.get("pdb", {}).get("enabled", True)), pdbs
     rate = _server_env(k8s, ns)["VLLM_LOOKAHEAD_SAMPLE_RATE"]
 
+    step("install")
+
     # 3. helm test: the hook pod is created, admitted under the same level, and (kwok) succeeds.
     out = _ok(helm("test", RELEASE, "-n", ns, "--timeout", "60s"), "helm test")
     assert re.search(r"TEST SUITE:\s+\S+-test-health", out) and re.search(r"Phase:\s+Succeeded", out), out
@@ -166,11 +176,15 @@ def test_release_lifecycle(k8s: K8sCluster, helm, values_file: Path) -> None:
     (pod,) = hook["items"]
     assert pod["status"]["phase"] == "Succeeded"
 
+    step("helm_test")
+
     # 4. Upgrade with a changed pod template: a rollout on the server, revision 2.
     _ok(helm("upgrade", RELEASE, str(CHART), "-n", ns, "-f", str(values_file),
-             "--set", "telemetry.sampler.rate=0.5", "--wait", "--timeout", "120s"), "helm upgrade")
+             "--set-json", "telemetry.sampler.rate=0.5", "--wait", "--timeout", "120s"), "helm upgrade")
     assert _server_env(k8s, ns)["VLLM_LOOKAHEAD_SAMPLE_RATE"] == "0.5"
     _assert_release_running(k8s, ns, values)
+
+    step("upgrade")
 
     # 5. Rollback to revision 1: the old template is back and rolled out (revision 3).
     _ok(helm("rollback", RELEASE, "1", "-n", ns, "--wait", "--timeout", "120s"), "helm rollback")
@@ -178,6 +192,8 @@ def test_release_lifecycle(k8s: K8sCluster, helm, values_file: Path) -> None:
     _assert_release_running(k8s, ns, values)
     history = json.loads(_ok(helm("history", RELEASE, "-n", ns, "-o", "json"), "helm history"))
     assert [h["revision"] for h in history] == [1, 2, 3] and history[-1]["status"] == "deployed"
+
+    step("rollback")
 
     # 6. Uninstall: every workload and pod goes; a chart-made model-cache PVC is kept on purpose.
     _ok(helm("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "60s"), "helm uninstall")
@@ -191,6 +207,8 @@ def test_release_lifecycle(k8s: K8sCluster, helm, values_file: Path) -> None:
         k8s.kubectl("delete", "pvc", pvc["metadata"]["name"], "-n", ns, "--wait=false")
     else:
         assert not pvcs
+    step("uninstall")
+    record_property("steps_s", json.dumps(steps))
 
 
 def test_pod_security_is_enforced(k8s: K8sCluster) -> None:
@@ -235,19 +253,27 @@ def test_gpu_count_change_on_a_full_node(k8s: K8sCluster, helm) -> None:
                 return sched
         return None
 
+    def old_pods() -> list[dict[str, Any]]:
+        return [p for p in _release_pods(k8s, ns) if "deletionTimestamp" not in p["metadata"]
+                and p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"]
+
     sched = _wait(pending_new_pod, 30, "the 2-GPU pod to be unschedulable")
     assert "Insufficient nvidia.com/gpu" in sched["message"], sched
-    time.sleep(2)  # nothing frees the GPU: the old pod stays (maxUnavailable 0), the new one waits
-    old = [p for p in _release_pods(k8s, ns)
-           if p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"]
-    assert len(old) == 1 and old[0]["status"]["phase"] == "Running"
-    assert pending_new_pod() is not None
+    # The old ReplicaSet goes down to 1 (maxUnavailable 0 keeps one available), freeing one GPU of
+    # the two the new pod needs; then nothing moves: the old pod stays, the new one waits.
+    _wait(lambda: len(old_pods()) == 1, 30, "the old ReplicaSet to scale down to one pod")
+    time.sleep(3)
+    (old,) = old_pods()
+    assert old["status"]["phase"] == "Running" and pending_new_pod() is not None
 
     _ok(helm("upgrade", RELEASE, str(CHART), "-n", ns, *base, *two_gpus,
              "--set", "server.maxUnavailable=1", "--set", "server.maxSurge=0", "--wait", "--timeout", "60s"),
         "helm upgrade (maxUnavailable 1)")
     _wait(lambda: [p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
                    for p in _release_pods(k8s, ns)] == ["2"], 30, "one 2-GPU pod")
+    # helm's --wait counts a Deployment ready at replicas - maxUnavailable ready pods (here 0), so
+    # it can return before the new pod is Ready: wait for the rollout itself (docs/deploy.md).
+    k8s.kubectl("rollout", "status", "deployment", "-n", ns, "-l", INSTANCE, "--timeout=60s", timeout=70)
     _assert_release_running(k8s, ns, {"server": {"gpu": {"count": 2}}})
     _ok(helm("uninstall", RELEASE, "-n", ns, "--wait"), "helm uninstall")
 

@@ -122,7 +122,7 @@ class K8sCluster:
         env["HELM_DATA_HOME"] = str(self.workdir / "helm" / "data")
         return env
 
-    def start(self, timeout: float = 60.0) -> K8sCluster:
+    def start(self, timeout: float = 120.0) -> K8sCluster:
         try:
             self._write_files()
             self._spawn("etcd", [
@@ -154,6 +154,11 @@ class K8sCluster:
                 "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
+                # Streaming watch-lists need etcd progress notifications, which Debian's etcd 3.4.23
+                # lacks: every watch of the controllers, scheduler and kwok then fails ("RequestWatchProgress
+                # is disabled") and they relist on a backoff, reacting in seconds, not milliseconds.
+                # Serve plain list+watch.
+                "--feature-gates=WatchList=false",
             ])
             self._wait_api(timeout)
             common = [
@@ -238,8 +243,9 @@ class K8sCluster:
 
     def add_node(self, name: str, *, cpu: str, memory: str, gpus: int = 0,
                  taints: list[dict[str, str]] | None = None,
-                 labels: dict[str, str] | None = None, timeout: float = 30) -> None:
-        """A fake Node kwok manages (status.allocatable as given), then wait until it is Ready."""
+                 labels: dict[str, str] | None = None, wait: bool = True, timeout: float = 90) -> None:
+        """A fake Node kwok manages (status.allocatable as given); waits until it is Ready unless told not
+        to (then call ``wait_nodes_ready`` once for several nodes)."""
         resources = {"cpu": cpu, "memory": memory, "pods": "110"}
         if gpus:
             resources["nvidia.com/gpu"] = str(gpus)
@@ -257,7 +263,11 @@ class K8sCluster:
             "status": {"allocatable": resources, "capacity": resources},
         }
         self.kubectl("create", "-f", "-", input=json.dumps(node))
-        self.kubectl("wait", "--for=condition=Ready", f"node/{name}", f"--timeout={int(timeout)}s",
+        if wait:
+            self.wait_nodes_ready(timeout)
+
+    def wait_nodes_ready(self, timeout: float = 90) -> None:
+        self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s",
                      timeout=timeout + 10)
 
     def install_crds(self, timeout: float = 60) -> list[str]:
@@ -313,18 +323,21 @@ class K8sCluster:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
 
     def _get_ok(self, *args: str) -> bool:
-        return self.kubectl("get", *args, check=False, timeout=10).returncode == 0
+        return self.kubectl("get", *args, check=False, timeout=30).returncode == 0
 
     def _wait_api(self, timeout: float) -> None:
         self._wait_for(
-            lambda: self.kubectl("get", "--raw", "/readyz", check=False, timeout=10).stdout.strip() == "ok",
+            lambda: self.kubectl("get", "--raw", "/readyz", check=False, timeout=30).stdout.strip() == "ok",
             timeout, "kube-apiserver /readyz")
 
     def _wait_for(self, ready: Any, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
-            if ready():
-                return
+            try:
+                if ready():
+                    return
+            except subprocess.TimeoutExpired:  # a starved machine: a slow probe is a "not yet"
+                pass
             time.sleep(0.25)
         raise TimeoutError(f"{what} not ready after {timeout:.0f} s; logs in {self.workdir}")
