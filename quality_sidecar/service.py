@@ -561,17 +561,26 @@ class Service:
         # a fixed cost (vectoriser, chart updates) of a few ms; gather up to ``batch_linger_s`` more.
         deadline = time.monotonic() + self.cfg.batch_linger_s
         rebalances = getattr(self.source, "rebalances", 0)
+        dropped: list = []
         while records and len(records) < self.cfg.max_poll_records and time.monotonic() < deadline:
             more = self.source.poll(max(0.0, deadline - time.monotonic()), self.cfg.max_poll_records - len(records))
             if getattr(self.source, "rebalances", 0) != rebalances:
-                # Partitions were revoked while this batch gathered: records of those this member lost
-                # are left, unprocessed and uncommitted, to their new owner.
-                owned = self.source.assigned()
-                records = [r for r in records if (r.topic, r.partition) in owned]
+                # A rebalance happened while this batch gathered: what was gathered belongs to the old
+                # assignment and is left, unprocessed and uncommitted, to the partitions' owners now.
+                dropped += records
+                records = []
                 rebalances = self.source.rebalances
             if not more:
                 break
             records += more
+        owned = getattr(self.source, "owned", None)
+        if owned is not None:  # Kafka: only partitions this member owns now (none mid-rebalance)
+            dropped += [r for r in records if (r.topic, r.partition) not in owned]
+            gone = {(r.topic, r.partition) for r in dropped}
+            dropped += [r for r in records if (r.topic, r.partition) in gone and (r.topic, r.partition) in owned]
+            records = [r for r in records if (r.topic, r.partition) not in gone]
+        if dropped:  # read again from the first dropped record where this member still owns the partition
+            self.source.rewind(dropped)
         valid = []
         for rec in records:
             tp = (rec.topic, rec.partition)

@@ -60,6 +60,10 @@ class KafkaSource:
         self.client_id = str(self.consumer.config.get("client_id", ""))
         self.eof = False
         self.rebalances = 0  # bumped on every revocation: records fetched before it may be stale
+        # Partitions this member owns between an assignment and the next revocation.  Between the two
+        # (the group is rebalancing) it is empty: records polled then belong to no one yet and are
+        # dropped unprocessed - their owner after the rebalance gets them from the committed offset.
+        self.owned: set[tuple[str, int]] = set()
         self.on_revoke: Callable[[list[tuple[str, int]]], Awaitable[None]] | None = None
         self._last: dict[tuple[str, int], int] = {}  # next offset after the last polled record
         self._committed: dict[tuple[str, int], int] = {}
@@ -74,13 +78,15 @@ class KafkaSource:
                 tps = [(tp.topic, tp.partition) for tp in revoked]
                 if outer.on_revoke is not None and tps:
                     await outer.on_revoke(tps)  # checkpoint + commit while this member still owns them
+                outer.owned -= set(tps)
                 for tp in tps:
                     outer._last.pop(tp, None)
                     outer._committed.pop(tp, None)
                     outer._ends.pop(tp, None)
 
             async def on_partitions_assigned(self, assigned) -> None:
-                pass  # committed offsets are fetched lazily by lag_report, outside the rebalance
+                # (committed offsets for the lag gauges are fetched lazily by lag_report)
+                outer.owned |= {(tp.topic, tp.partition) for tp in assigned}
 
         self.consumer.subscribe([self.topic], listener=Listener())
 
@@ -104,6 +110,21 @@ class KafkaSource:
             if msgs:
                 self._last[(tp.topic, tp.partition)] = msgs[-1].offset + 1
         return out
+
+    def rewind(self, records: list[Record]) -> None:
+        """Seek back to the first of these (dropped, unprocessed) records in each partition still
+        assigned here, so they are read again; a partition that moved is read by its new owner from
+        the committed offset, which is at or before them."""
+        from kafka.structs import TopicPartition
+
+        first: dict[tuple[str, int], int] = {}
+        for r in records:
+            key = (r.topic, r.partition)
+            first[key] = min(first.get(key, r.offset), r.offset)
+        assigned = self.assigned()
+        for (t, p), offset in first.items():
+            if (t, p) in assigned:
+                self.consumer.seek(TopicPartition(t, p), offset)
 
     def commit(self, offsets: dict[tuple[str, int], int], metadata: str = "") -> None:
         from kafka.structs import OffsetAndMetadata, TopicPartition

@@ -187,6 +187,7 @@ def test_two_replicas_one_group_sigkill_one_every_sample_counted_once(kafka_brok
             p.send_signal(signal.SIGTERM)  # graceful: final checkpoint + commit
         assert a.wait(30) == 0 and b.wait(30) == 0
     finally:
+        producer.limit = 0  # stops the thread if the test failed mid-stream
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
