@@ -74,7 +74,7 @@ def test_memory_isolation_key_separates_tenants():
     assert mem.lookup(("lora2", None), [5, 6], 3) == ([], [], 0)
     assert mem.lookup((None, None), [5, 6], 3) == ([], [], 0)
 
-    d = LookaheadDrafter(LookaheadConfig(max_match=2), 4)
+    d = LookaheadDrafter(LookaheadConfig(policy="cost", max_match=2), 4)
     prompt = [900, 901, 902]
     ctx = prompt[:]
     for t in [10, 11, 12, 13, 14, 15]:  # tenant A's request generates 10..15
@@ -162,7 +162,7 @@ def test_cost_policy_is_lossless_and_uses_memory_across_requests():
     """Simulated greedy verification: outputs equal greedy decoding; a second request with the same
     behaviour compresses better thanks to the first one's outputs in the engine-wide memory."""
     nxt, verify = order2_model(50, 1)
-    d = LookaheadDrafter(LookaheadConfig(), 4)
+    d = LookaheadDrafter(LookaheadConfig(policy="cost"), 4)
     tick = iter(range(10**6))
     d.clock = lambda: 1e-3 * next(tick)  # every step 1 ms whatever its rows: drafting is free
     prompt = [3, 4]
@@ -180,7 +180,7 @@ def test_cost_policy_stops_drafting_when_drafts_never_pay():
     """A model that never accepts anything, rows that cost as much as the fixed step: the acceptance
     table learns it and the budget goes to zero (a fake clock supplies the step times)."""
     now = [0.0]
-    d = LookaheadDrafter(LookaheadConfig(), 4)
+    d = LookaheadDrafter(LookaheadConfig(policy="cost"), 4)
     d.clock = lambda: now[0]
     ctx = [1, 2, 1, 2, 1, 2]
     draft = d.step([RowStep("r", ctx, len(ctx), [2], prompt_len=5)])[0]

@@ -84,12 +84,14 @@ class LookaheadConfig:
     window: int = 0
     """W: Jacobi guesses carried from one verification to the next (0 = as many as k allows)."""
     # --- chain drafter policy (issue 14) ---
-    policy: str = "cost"
-    """"cost": every source (context match, engine-wide output memory, LADE pool, Jacobi iterate) offers a
+    policy: str = "ema"
+    """"cost" (opt-in, issue 14): every source (context match, engine-wide output memory, LADE pool, Jacobi iterate) offers a
     candidate with a learned per-token acceptance estimate; the best candidate is cut where its estimated
     commit probability stops paying for its rows, by a model of the engine's own step times
     (core/cost_model.py) -- 0 drafts allowed.  "ema": the earlier fixed-k policy (per-request EMA floor,
-    busy threshold, confident fallback; the keys below)."""
+    busy threshold, confident fallback; the keys below) -- the default: in a same-run A/B on 16 open
+    prompts (benchmarks/results/policy_ema_vs_cost_open_16.json) "cost" tied at batch 1 (more
+    compression) and was slower at batch 8 and 32, so the default did not change."""
     memory_tokens: int = 65536
     """Output tokens kept in the engine-wide memory of earlier outputs (core/suffix_memory.py; 0 = off),
     oldest outputs evicted first.  Isolated per LoRA adapter and tenant (SamplingParams
