@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MAX_TOKENS = 48
 BATCH_SIZES = (1, 8, 32)
+LOOKAHEAD_SPECS = ("lookahead:k=4", "lookahead:k=4,policy=cost")  # the default policy (ema) and issue 14's
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def greedy_runs(engine_factory):
     prompts = heldout_prompts()
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     runs: dict[str, dict] = {}
-    for spec in ("none", "lookahead:k=4"):
+    for spec in ("none", *LOOKAHEAD_SPECS):
         llm = engine_factory(spec)
         runs[spec] = {}
         for bs in BATCH_SIZES:
@@ -47,20 +48,22 @@ def greedy_runs(engine_factory):
     return prompts, runs
 
 
+@pytest.mark.parametrize("spec", LOOKAHEAD_SPECS)
 @pytest.mark.parametrize("bs", BATCH_SIZES)
-def test_greedy_float32_identical(greedy_runs, bs):
+def test_greedy_float32_identical(greedy_runs, bs, spec):
     prompts, runs = greedy_runs
-    base, cand = runs["none"][bs], runs["lookahead:k=4"][bs]
+    base, cand = runs["none"][bs], runs[spec][bs]
     mismatched = [i for i, (a, b) in enumerate(zip(base, cand)) if a != b]
     assert not mismatched, f"{len(mismatched)}/{len(prompts)} outputs differ at batch {bs}: {mismatched}"
     assert all(len(t) > 0 for t in cand)
 
 
-def test_lookahead_really_speculated(greedy_runs):
+@pytest.mark.parametrize("spec", LOOKAHEAD_SPECS)
+def test_lookahead_really_speculated(greedy_runs, spec):
     """Exactness would be vacuous if no draft were ever proposed or accepted."""
     _, runs = greedy_runs
     drafted = accepted = 0
-    for m in runs["lookahead:k=4"]["metrics1"]:
+    for m in runs[spec]["metrics1"]:
         d = m.to_dict()
         drafted += d["num_draft_tokens"]
         accepted += d["num_accepted_draft_tokens"]
