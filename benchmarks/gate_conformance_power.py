@@ -60,7 +60,7 @@ def main() -> None:
     by_id = {it.id: it for it in items}
     opts = EngineOptions(args.model, "float32", 0, None, 48)
     specs = [("baseline none (seed 0)", "none", 0)]
-    specs += [(f"A/A {s} (seed 1)", s, 1) for s in args.exact.split(",")]
+    specs += [(f"A/A {s} (seed 1)", s, 1) for s in args.exact.split(",") if s]
     specs += [(f"DraftTemperature factor={f}", FAULTY + f"DraftTemperatureProposer:k=4,factor={f}", 1)
               for f in args.factors.split(",") if f]
     specs += [("real bug: original CPU expand kernel", FAULTY + "OriginalExpandKernelProposer:k=4", 1)] if args.real_bug else []
