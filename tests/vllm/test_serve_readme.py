@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from vllm_lookahead.devtools.kafka_broker import free_port
+from vllm_lookahead.devtools.vllm_server import stop_process_group
 
 pytestmark = [pytest.mark.vllm]
 
@@ -86,13 +86,7 @@ class Server:
         raise TimeoutError(f"not healthy: {self.command}\n" + self.log.read_text(errors="replace")[-3000:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_process_group(self.proc)
         self._fh.close()
 
 

@@ -7,6 +7,11 @@ Started the supported way, as the README does: ``vllm-lookahead serve MODEL ...`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
+
 
 class VllmServer:
     """``vllm-lookahead serve`` (= ``vllm serve``) in a subprocess on a free port."""
@@ -58,19 +63,9 @@ class VllmServer:
         raise TimeoutError(f"vllm serve not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        import os
-        import signal
-        import subprocess
-
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_process_group(self.proc)
         self.proc = None
         self._log.close()
 
@@ -84,3 +79,19 @@ class VllmServer:
                 key, _, value = line.rpartition(" ")
                 out[key] = float(value)
         return out
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the process group a server was started in (``start_new_session=True``: vLLM's API
+    server forks an engine core), SIGKILL it if it is still there after ``grace_s``."""
+    import os
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
