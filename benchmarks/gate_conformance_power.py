@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import math
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -40,6 +43,8 @@ def main() -> None:
     ap.add_argument("--real-bug", type=int, default=1, help="include OriginalExpandKernelProposer (1/0)")
     ap.add_argument("--samples-per-item", type=int, default=None, help="override the policy's value")
     ap.add_argument("--out", default="benchmarks/results/gate_conformance_power.json")
+    ap.add_argument("--cache", default=None, help="directory: keep each decoder's generated samples there (pickle) "
+                                                   "and reuse them on a re-run with the same settings")
     args = ap.parse_args()
 
     import numpy as np
@@ -67,12 +72,22 @@ def main() -> None:
 
     runs: dict[str, RunResult] = {}
     wall: dict[str, float] = {}
+    cache = Path(args.cache) if args.cache else None
     for label, spec, seed in specs:
+        key = cache / (hashlib.sha1(json.dumps([label, spec, seed, S * R, T, args.model]).encode()).hexdigest()[:12]
+                       + ".pkl") if cache else None
+        if key is not None and key.exists():
+            runs[label], wall[label] = pickle.loads(key.read_bytes())
+            print(f"{label}: from {key}", file=sys.stderr)
+            continue
         t0 = time.perf_counter()
         with GateEngine(dataclasses.replace(opts, seed=seed), parse_spec(spec)) as eng:
             runs[label] = eng.run_batch(label, items, temperature=T, samples=S * R)
         wall[label] = time.perf_counter() - t0
         print(f"{label}: {wall[label]:.0f} s", file=sys.stderr)
+        if key is not None:
+            key.parent.mkdir(parents=True, exist_ok=True)
+            key.write_bytes(pickle.dumps((runs[label], wall[label])))
 
     t0 = time.perf_counter()
     with GateEngine(opts, parse_spec("none"), prefix_caching=True) as eng:
@@ -115,6 +130,8 @@ def main() -> None:
                          "p_adjusted": smp["p_adjusted"], "shift": conf["shift"],
                          "mean_token_logprob": conf["mean_token_logprob"], "mean_pit": conf["mean_pit"],
                          "pit_baseline_control_p": conf["pit_baseline_control"]["p_value"],
+                         "excess_candidate": conf["excess_candidate"],
+                         "excess_baseline_control_p": conf["excess_baseline_control"]["p_value"],
                          "out_of_support": conf["out_of_support"]})
         # effect on all R x S samples at once: the best estimate of the fault's mean-log-prob shift
         allc = analysis._conformance(runs[label])
@@ -123,10 +140,23 @@ def main() -> None:
 
         sh = likelihood_shift(allb["by_item"], allc["by_item"])
         fails = sum(x["verdict"] == "FAIL" for x in reps)
+        # the excess test's power predicted from all R x S samples: per replicate z ~ N(mu n / sd, 1),
+        # rejected at Holm's strictest step (alpha / m), i.e. a lower bound on its own contribution
+        from scipy import stats as sst
+
+        ex_sum, ex_var, ex_n = allc["excess"]
+        m = len(reps[0]["p_adjusted"])
+        z_crit = float(sst.norm.isf(sp["alpha"] / m / 2))
+        z_mean = (ex_sum / R) / math.sqrt(ex_var / R) if ex_var > 0 else 0.0
+        predicted = float(sst.norm.sf(z_crit - abs(z_mean)) + sst.norm.cdf(-z_crit - abs(z_mean)))
         results[label] = {
             "spec": spec, "fail_fraction": fails / R, "fails": fails, "replicates": R,
             "shift_nats_per_token_all_samples": {"effect": sh.effect, "ci_low": sh.ci_low, "ci_high": sh.ci_high},
             "mean_pit_all_samples": allc["mean_pit"],
+            "excess_nats_per_token_all_samples": ex_sum / max(1, ex_n),
+            "excess_z_per_replicate_expected": z_mean,
+            "excess_test_power_predicted_at_alpha_over_m": predicted,
+            "excess_fail_fraction": sum(x["p_adjusted"]["excess_candidate_z"] < sp["alpha"] for x in reps) / R,
             "median_p_adjusted": {k: float(np.median([x["p_adjusted"][k] for x in reps]))
                                   for k in reps[0]["p_adjusted"]},
             "engine_wall_s": wall[label], "per_replicate": reps}

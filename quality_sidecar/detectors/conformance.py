@@ -102,7 +102,9 @@ class SequenceScore:
     """One sampled output scored under the baseline model.
 
     ``logprob``: raw model log-prob (T=1) of every sampled token, nats.  ``pit``: randomized PIT values
-    of the tokens where the test is exact (<= len(logprob)).  ``out_of_support``: tokens the sampler's
+    of the tokens where the test is exact (<= len(logprob)).  ``excess``/``excess_var``: for the same
+    tokens, the excess score log p(y) - E_sampler[log p] on the exactly known cells and its exact
+    variance under the null (see ``excess_z``).  ``out_of_support``: tokens the sampler's
     distribution gives probability 0 (impossible under exact sampling; with bf16 scoring a top-p
     boundary can flip).  ``skipped``: tokens outside the exactly known part of the distribution.
     """
@@ -112,6 +114,8 @@ class SequenceScore:
     out_of_support: int = 0
     skipped: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    excess: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    excess_var: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def n_tokens(self) -> int:
@@ -120,6 +124,10 @@ class SequenceScore:
     @property
     def mean_logprob(self) -> float:
         return float(self.logprob.mean()) if len(self.logprob) else math.nan
+
+    def excess_sums(self) -> list[float]:
+        """[sum of excess, sum of its null variances, tokens]: what ``excess_test`` needs of a sample."""
+        return [float(self.excess.sum()), float(self.excess_var.sum()), int(len(self.excess))]
 
 
 def pit_z(u: np.ndarray) -> float:
@@ -250,7 +258,19 @@ def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequenc
     outside_removed = ~in_known & ((tail_hi <= 0) & np.isfinite(tail_hi)) & ~has_bucket
     oos = int(y_removed.sum() + outside_removed.sum())
     ok = np.isfinite(u)
-    return SequenceScore(tok_lp, np.clip(u[ok], 0.0, 1.0), oos, int(n - ok.sum() - oos))
+    # --- excess log-prob score on the same cells (known kept tokens + the bucket) ---------------------
+    # L = raw log p of a known token; the bucket's L is a fixed function of the row (log p_K - 1: below
+    # every known token, as its tokens are) -- any such choice keeps E[s] = 0 exactly under the null.
+    q_cells = np.where(keep, w, 0.0) / np.where(total > 0, total, 1.0)[:, None]
+    q_bucket = np.where(has_bucket, bucket, 0.0) / np.where(total > 0, total, 1.0)
+    lk = np.where(keep, lp, 0.0)
+    l_tail = lp_min - 1.0
+    mean_l = (q_cells * lk).sum(axis=1) + q_bucket * l_tail
+    var_l = np.maximum((q_cells * lk * lk).sum(axis=1) + q_bucket * l_tail * l_tail - mean_l * mean_l, 0.0)
+    l_y = np.where(in_known, lp[rows, pos], l_tail)
+    excess = (l_y - mean_l)[ok]
+    return SequenceScore(tok_lp, np.clip(u[ok], 0.0, 1.0), oos, int(n - ok.sum() - oos),
+                         excess=excess, excess_var=var_l[ok])
 
 
 def score_full(logprob_rows: np.ndarray, token_ids: Sequence[int], params: SamplerParams,
@@ -381,6 +401,40 @@ def pit_test(u: Sequence[float], name: str = "pit") -> TestResult:
     direction = "sharper than specified" if u.mean() < 0.5 else "flatter than specified"
     return TestResult(name, a2, p, f"{len(u)} tokens, mean u {u.mean():.4f} (0.5 exact; {direction}), "
                                    f"z {pit_z(u):+.2f}")
+
+
+EXCESS_MIN_TOKENS = 500  # below this the normal tail of ``excess_test`` is not trusted (see its docstring)
+
+
+def excess_test(excess_sum: float, excess_var_sum: float, n_tokens: int, name: str = "excess") -> TestResult:
+    """Excess log-prob test: z = sum(s) / sqrt(sum(v)) over a stream's tokens, two-sided normal p.
+
+    Takes the sums over the stream (``SequenceScore.excess``/``excess_var`` summed) and its token count.
+    s = log p(y) - E_q[log p] is the score of the temperature family at the sampler's distribution q
+    (the derivative of log q_beta(y), q_beta ~ q^beta, at beta = 1, up to the factor T): the locally
+    most powerful statistic against a sampler that is sharper or flatter than specified -- the
+    faults of this class -- and its mean over the tokens *is* the fault size in nats/token (how the
+    issue sizes faults).  Under exact sampling each s has conditional mean 0 and the known conditional
+    variance v given everything before it, so sum(s) is a martingale and z -> N(0, 1) (martingale CLT
+    with the predictable variance).  s is skewed (rare, very unlikely tokens give large negative
+    values), so the normal tail is only used from ``EXCESS_MIN_TOKENS`` tokens on (simulated: at 100
+    tokens the lower tail is 1.6x too heavy at 1e-3, from 300 on within Monte-Carlo error); the
+    false-positive rate at the gate's alphas is checked by simulation in
+    tests/sidecar/test_conformance_excess.py.  With full rows (the in-process gate) this uses the
+    whole distribution; from a server's top-K it uses the coarsened cells (still exact, less power).
+    ``statistic`` is the effect in nats/token (mean s)."""
+    n = int(n_tokens)
+    if n < EXCESS_MIN_TOKENS or not excess_var_sum > 0:
+        return TestResult(name, 0.0, 1.0, f"{n} tokens: too few for the excess test (needs {EXCESS_MIN_TOKENS})")
+    from scipy import stats
+
+    sd = math.sqrt(excess_var_sum)
+    z = float(excess_sum / sd)
+    p = float(2 * stats.norm.sf(abs(z)))
+    eff, half = float(excess_sum / n), 1.96 * sd / n
+    direction = "sharper than specified" if z > 0 else "flatter than specified"
+    return TestResult(name, eff, p, f"{n} tokens, excess log-prob {eff:+.4f} nats/token "
+                                    f"(95% CI [{eff - half:+.4f}, {eff + half:+.4f}]; 0 exact; {direction}), z {z:+.2f}")
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,8 @@ def _conformance(run: RunResult) -> dict[str, Any]:
     for x in sc:
         by_item.setdefault(x["item_id"], []).append(x["mean_logprob"])
     pit = np.array([u for x in sc for u in x["pit"]], float)
-    return {"n_samples": len(sc), "n_tokens": int(sum(x["n_tokens"] for x in sc)),
+    ex = np.array([x.get("excess") or [0.0, 0.0, 0] for x in sc], float).reshape(-1, 3).sum(axis=0)
+    return {"excess": ex.tolist(), "n_samples": len(sc), "n_tokens": int(sum(x["n_tokens"] for x in sc)),
             "mean_token_logprob": float(np.mean([x["mean_logprob"] for x in sc])) if sc else None,
             "mean_pit": float(pit.mean()) if len(pit) else None,
             "out_of_support": int(sum(x["out_of_support"] for x in (run.scores or []))),
@@ -137,7 +138,7 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
              method: str, names: list[str]) -> dict[str, Any]:
     """T>0 comparison: surface features (length, stop/pass/flag rates) plus the two likelihood tests
     (PIT of the candidate's samples, likelihood shift candidate - baseline), all adjusted together."""
-    from quality_sidecar.detectors.conformance import likelihood_shift, pit_test
+    from quality_sidecar.detectors.conformance import excess_test, likelihood_shift, pit_test
     from quality_sidecar.detectors.twosample import length_test
 
     tests: dict[str, float] = {}
@@ -165,8 +166,10 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
     if scored:
         bc, cc = _conformance(bruns), _conformance(cruns)
         pit_c, pit_b = pit_test(cc["pit"], "pit_candidate"), pit_test(bc["pit"], "pit_baseline")
+        ex_c, ex_b = excess_test(*cc["excess"], name="excess_candidate"), excess_test(*bc["excess"], name="excess_baseline")
         sh = likelihood_shift(bc["by_item"], cc["by_item"])
         tests["pit_candidate_ad"] = pit_c.pvalue
+        tests["excess_candidate_z"] = ex_c.pvalue
         tests["likelihood_shift"] = sh.pvalue
         conf.update({
             "mean_token_logprob": {"baseline": bc["mean_token_logprob"], "candidate": cc["mean_token_logprob"]},
@@ -177,6 +180,10 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
             "pit_candidate": {"a2": pit_c.statistic, "p_value": pit_c.pvalue, "detail": pit_c.detail},
             # the baseline arm is exact by construction: its PIT is the A/A control of the scorer
             "pit_baseline_control": {"a2": pit_b.statistic, "p_value": pit_b.pvalue, "detail": pit_b.detail},
+            # the excess score: mean log p(y) - E_sampler[log p], nats/token (the fault size itself)
+            "excess_candidate": {"nats_per_token": ex_c.statistic, "p_value": ex_c.pvalue, "detail": ex_c.detail},
+            "excess_baseline_control": {"nats_per_token": ex_b.statistic, "p_value": ex_b.pvalue,
+                                        "detail": ex_b.detail},
             "out_of_support": {"baseline": bc["out_of_support"], "candidate": cc["out_of_support"]},
             "scoring_s": {"baseline": bc["scoring_s"], "candidate": cc["scoring_s"]}})
     adj = stats.adjust_pvalues(list(tests.values()), method)

@@ -96,7 +96,7 @@ def score_runs(llm: Any, runs: list[RunResult], temperature: float, *, chunk: in
                 for r in part:
                     if not r.token_ids:
                         scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": 0,
-                                       "mean_logprob": None, "pit": [], "out_of_support": 0})
+                                       "mean_logprob": None, "pit": [], "out_of_support": 0, "excess": [0.0, 0.0, 0]})
                         continue
                     # get, not pop: two samples of one prompt may be the same token sequence
                     rows = stash.get(tuple(r.prompt_token_ids) + tuple(r.token_ids))
@@ -105,7 +105,7 @@ def score_runs(llm: Any, runs: list[RunResult], temperature: float, *, chunk: in
                     sc = score_full(rows, r.token_ids, params, rng)
                     scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": sc.n_tokens,
                                    "mean_logprob": sc.mean_logprob, "pit": [float(x) for x in sc.pit],
-                                   "out_of_support": int(sc.out_of_support)})
+                                   "out_of_support": int(sc.out_of_support), "excess": sc.excess_sums()})
         run.scores = scores
         run.scoring_s = time.perf_counter() - t0 + prime_s / len(runs)
         run.scoring_check = worst

@@ -325,13 +325,14 @@ class HttpScorer:
             for r, row in zip(run.records, rows):  # in record order: the PIT draws do not depend on timing
                 if row is None:
                     scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": 0, "mean_logprob": None,
-                                   "pit": [], "out_of_support": 0, "skipped": 0})
+                                   "pit": [], "out_of_support": 0, "skipped": 0, "excess": [0.0, 0.0, 0]})
                     continue
                 ids, lps, tok = row
                 sc = score_topk(ids, lps, r.token_ids, tok, params, rng)
                 scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": sc.n_tokens,
                                "mean_logprob": sc.mean_logprob, "pit": [float(x) for x in sc.pit],
-                               "out_of_support": int(sc.out_of_support), "skipped": int(sc.skipped)})
+                               "out_of_support": int(sc.out_of_support), "skipped": int(sc.skipped),
+                               "excess": sc.excess_sums()})
             run.scores = scores
             run.scoring_s = time.perf_counter() - t0
         return time.perf_counter() - t_all
