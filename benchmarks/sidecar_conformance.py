@@ -11,7 +11,7 @@ baseline vLLM server answers (``prompt_logprobs=K``, K = 20 by default = vLLM's 
      0 under exact sampling; from full rows, a low-variance estimate), the mean token log-prob and its
      shift vs the float32 no-speculation stream (paired by prompt; noisy), PIT statistics
      (Anderson-Darling p of all tokens), tokens skipped by top-K coarsening;
-  4. the sidecar's chart (``PitCusum`` with the sidecar's default ERT and shift) on streams resampled
+  4. the sidecar's chart (``ConformanceChart``: the PIT and the excess charts, with the sidecar's default ERT and shift) on streams resampled
      from the real scored samples: samples to the first alarm (median, p90 over bootstrap orders) for
      every faulty stream; for every exact stream the alarms on the recorded stream and false alarms
      per 1M samples from the measured per-token drift (see ``false_alarms``).
@@ -140,7 +140,7 @@ def conformance(rows: list[dict], temperature: float, top_p: float, vocab: int, 
                        params, rng, vocab_size=vocab)
         per.append({"prompt_index": r["prompt_index"], "mean_lp": s.mean_logprob, "excess": r.get("excess", []),
                     "pit": s.pit, "n": s.n_tokens, "skipped": s.skipped, "oos": s.out_of_support,
-                    "finish": r["finish_reason"]})
+                    "finish": r["finish_reason"], "score": s})
     return {"samples": per}
 
 
@@ -158,42 +158,49 @@ def _excess_summary(per: list[dict]) -> dict[str, Any]:
             "excess_logprob_ci95": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))]}
 
 
-def bootstrap_delay(pits: list[np.ndarray], chart_kw: dict, n_streams: int, limit: int, seed: int) -> dict[str, Any]:
-    """Samples to the first alarm of a fresh chart on streams drawn (with replacement) from the real
-    scored samples of a faulty decoder."""
-    from quality_sidecar.detectors.conformance import PitCusum
+def bootstrap_delay(scores: list[Any], chart_kw: dict, n_streams: int, limit: int, seed: int) -> dict[str, Any]:
+    """Samples to the first alarm of a fresh sidecar chart (``ConformanceChart``: PIT + excess) on
+    streams drawn (with replacement) from the real scored samples of a faulty decoder; also each
+    chart alone (its own alarm index inside the pair), to show which one carries the detection."""
+    from quality_sidecar.detectors.conformance import ConformanceChart
 
     rng = np.random.default_rng(seed)
-    delays = []
+    delays, by_chart = [], {"pit": [], "excess": []}
     for _ in range(n_streams):
-        c = PitCusum(**chart_kw)
-        c.update([pits[i] for i in rng.integers(0, len(pits), size=limit)])
+        c = ConformanceChart(**chart_kw)
+        c.update([scores[i] for i in rng.integers(0, len(scores), size=limit)])
         delays.append(c.alarm_index_ if c.alarm_index_ is not None else math.inf)
+        for name, sub in (("pit", c.pit), ("excess", c.excess)):
+            by_chart[name].append(sub.alarm_index_ if sub.alarm_index_ is not None else math.inf)
     d = np.array(delays, float)
     return {"median_samples_to_alarm": float(np.median(d)), "p90_samples_to_alarm": float(np.quantile(d, 0.9)),
-            "fraction_alarmed_within_500": float((d <= 500).mean()), "streams": n_streams, "horizon_samples": limit}
+            "fraction_alarmed_within_500": float((d <= 500).mean()), "streams": n_streams, "horizon_samples": limit,
+            "chart": "ConformanceChart (PIT + excess, alarm if either)",
+            "each_chart_median_samples_to_alarm": {k: float(np.median(v)) for k, v in by_chart.items()}}
 
 
-def false_alarms(pits: list[np.ndarray], chart_kw: dict) -> dict[str, Any]:
-    """False alarms per 1M samples of the chart on a token stream distributed like the real one.
+def false_alarms(scores: list[Any], chart_kw: dict) -> dict[str, Any]:
+    """False alarms per 1M samples of the sidecar's chart pair on a token stream distributed like the real one.
 
     A bootstrap stream of a finite real sample would carry that sample's mean error as a permanent
-    drift, so instead the run length is computed for Gaussian increments with the real stream's
-    measured per-token mean and sd of x = (u - 1/2) sqrt(12) (Siegmund's approximation, two-sided),
-    at the point estimate and at the 95% bound of |mean| that is worse for the chart (a bound set by
-    how many real tokens there are, not by the decoder), then converted to samples with the stream's
-    mean tokens per sample.  Under exact sampling the mean is 0 and the sd 1.  The chart is also run
-    once over the real stream in its recorded order.
+    drift, so instead, for each of the two charts, the run length is computed for Gaussian increments
+    with the real stream's measured per-token mean and sd (PIT: x = (u - 1/2) sqrt(12); excess:
+    x = s / sqrt(mean v)) (Siegmund's approximation, two-sided), at the point estimate and at the 95%
+    bound of |mean| that is worse for the chart (a bound set by how many real tokens there are, not
+    by the decoder), then converted to samples with the stream's mean tokens per sample; the pair's
+    rate is the sum of its charts' (union bound).  Under exact sampling the means are 0 and the sds 1.
+    The pair is also run once over the real stream in its recorded order.
     """
-    from quality_sidecar.detectors.conformance import PitCusum
+    from quality_sidecar.detectors.conformance import ConformanceChart
 
-    c = PitCusum(**chart_kw)
-    k, h = c.k_, c.threshold_
-    x = (np.concatenate(pits) - 0.5) * math.sqrt(12)
-    mu, sd, n = float(x.mean()), float(x.std(ddof=1)), len(x)
-    per_sample = n / len(pits)
+    c = ConformanceChart(**chart_kw)
+    k, h = c.pit.k_, c.threshold_
+    x_pit = (np.concatenate([s.pit for s in scores]) - 0.5) * math.sqrt(12)
+    v = np.concatenate([s.excess_var for s in scores])
+    x_ex = np.concatenate([s.excess for s in scores]) / math.sqrt(v.mean())
+    per_sample = len(x_pit) / len(scores)
 
-    def arl_two_sided(m: float) -> float:
+    def arl_two_sided(m: float, sd: float) -> float:
         def one(delta: float) -> float:  # ARL of increments N(delta, 1) after scaling by sd
             hp = h / sd + 1.166
             if abs(delta) < 1e-9:
@@ -201,14 +208,25 @@ def false_alarms(pits: list[np.ndarray], chart_kw: dict) -> dict[str, Any]:
             return (math.exp(-2 * delta * hp) + 2 * delta * hp - 1) / (2 * delta * delta)
         return 1.0 / (1.0 / one((m - k) / sd) + 1.0 / one((-m - k) / sd))
 
-    bound = abs(mu) + 1.96 * sd / math.sqrt(n)
-    c.update(pits)
-    return {"tokens": n, "tokens_per_sample": per_sample, "x_mean_per_token": mu, "x_sd": sd,
-            "x_mean_abs_bound95": bound, "alarms_on_the_recorded_stream": c.alarms_,
-            "per_1M_samples_at_mean": 1e6 * per_sample / arl_two_sided(mu),
-            "per_1M_samples_at_bound95": 1e6 * per_sample / arl_two_sided(bound),
-            "per_1M_samples_exact_null": 1e6 * per_sample / arl_two_sided(0.0),
-            "method": "Siegmund ARL (tokens) for Gaussian increments with the stream's measured mean and sd"}
+    out: dict[str, Any] = {"tokens": len(x_pit), "tokens_per_sample": per_sample}
+    tot = {"at_mean": 0.0, "at_bound95": 0.0, "exact_null": 0.0}
+    for name, x in (("pit", x_pit), ("excess", x_ex)):
+        mu, sd, n = float(x.mean()), float(x.std(ddof=1)), len(x)
+        bound = abs(mu) + 1.96 * sd / math.sqrt(n)
+        rates = {"at_mean": 1e6 * per_sample / arl_two_sided(mu, sd),
+                 "at_bound95": 1e6 * per_sample / arl_two_sided(bound, sd),
+                 "exact_null": 1e6 * per_sample / arl_two_sided(0.0, 1.0)}
+        for key in tot:
+            tot[key] += rates[key]
+        out[name] = {"x_mean_per_token": mu, "x_sd": sd, "x_mean_abs_bound95": bound,
+                     **{f"per_1M_samples_{key}": val for key, val in rates.items()}}
+    c.update(scores)
+    out.update({"alarms_on_the_recorded_stream": c.alarms_,
+                "per_1M_samples_at_mean": tot["at_mean"], "per_1M_samples_at_bound95": tot["at_bound95"],
+                "per_1M_samples_exact_null": tot["exact_null"],
+                "method": "Siegmund ARL (tokens) for Gaussian increments with the stream's measured mean and sd, "
+                          "per chart (thresholds at 2 x ert_tokens each); pair = sum of the two charts' rates"})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,7 +302,6 @@ def main(argv: list[str] | None = None) -> int:
     for name, st in streams.items():
         per = st["samples"]
         lp = np.array([p["mean_lp"] for p in per])
-        pits = [p["pit"] for p in per if len(p["pit"])]
         u = np.concatenate([p["pit"] for p in per]) if per else np.zeros(0)
         pt = pit_test(u)
         entry: dict[str, Any] = {
@@ -312,19 +329,24 @@ def main(argv: list[str] | None = None) -> int:
             entry["logprob_shift_paired_prompts"] = sh.n_pairs
         exact = not st["spec"].startswith("custom:")
         entry["exact_decoder"] = exact
+        scored = [p["score"] for p in per if len(p["pit"])]
         if exact:
-            entry["false_alarms"] = false_alarms(pits, chart_kw)
+            entry["false_alarms"] = false_alarms(scored, chart_kw)
         else:
-            entry["detection"] = bootstrap_delay(pits, chart_kw, 200, 3000, args.seed)
+            entry["detection"] = bootstrap_delay(scored, chart_kw, 200, 3000, args.seed)
+        ex_s = sum(float(x.excess.sum()) for x in scored)
+        ex_v = sum(float(x.excess_var.sum()) for x in scored)
+        entry["topk_excess_z"] = ex_s / math.sqrt(ex_v) if ex_v > 0 else None
+        entry["pit_z"] = float((u - 0.5).sum() * math.sqrt(12 / len(u))) if len(u) else None
         out_arms.append(entry)
         print(json.dumps({k: v for k, v in entry.items() if k not in ("spec",)}), file=sys.stderr)
     # Pooled exact streams per dtype: the tightest bound on a per-token drift this run can give.
     pooled = {}
     for dtype in sorted({st["dtype"] for st in streams.values()}):
-        pits = [p["pit"] for name, st in streams.items() if st["dtype"] == dtype
-                and not st["spec"].startswith("custom:") for p in st["samples"] if len(p["pit"])]
-        if pits:
-            pooled[dtype] = false_alarms(pits, chart_kw)
+        pooled_scores = [p["score"] for name, st in streams.items() if st["dtype"] == dtype
+                         and not st["spec"].startswith("custom:") for p in st["samples"] if len(p["pit"])]
+        if pooled_scores:
+            pooled[dtype] = false_alarms(pooled_scores, chart_kw)
     result = {"benchmark": "sidecar_conformance", "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
               "model": model, "prompts": args.prompts, "samples_per_prompt": args.samples_per_prompt,
               "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .detectors.conformance import PitCusum, SamplerParams, SequenceScore, score_topk
+from .detectors.conformance import ConformanceChart, SamplerParams, SequenceScore, score_topk
 from .workers import BackgroundWorker
 
 log = logging.getLogger(__name__)
@@ -177,15 +177,15 @@ class ConformanceMonitor:
 
     def __init__(self, model: str, cfg: ConformanceConfig, restart_after_alarm: bool = False):
         self.model, self.cfg, self.restart_after_alarm = model, cfg, restart_after_alarm
-        self.charts: dict[str, PitCusum] = {}
+        self.charts: dict[str, ConformanceChart] = {}
         self.stats: dict[str, dict[str, float]] = {}
         self.examples: dict[str, list[tuple[str | None, str]]] = {}
 
-    def _chart(self, arm: str) -> PitCusum:
+    def _chart(self, arm: str) -> ConformanceChart:
         c = self.charts.get(arm)
         if c is None:
-            c = self.charts[arm] = PitCusum("sampling_conformance", self.cfg.ert_tokens, self.cfg.shift,
-                                            self.restart_after_alarm)
+            c = self.charts[arm] = ConformanceChart("sampling_conformance", self.cfg.ert_tokens, self.cfg.shift,
+                                                    self.restart_after_alarm)
             self.stats[arm] = {"samples": 0, "tokens": 0, "pit_tokens": 0, "skipped": 0, "out_of_support": 0,
                                "lp_sum": 0.0, "lp_sumsq": 0.0}
         return c
@@ -206,7 +206,7 @@ class ConformanceMonitor:
         ex = self.examples.setdefault(arm, [])
         ex.append((trace_id, request_id))
         del ex[:-5]
-        r = chart.update([score.pit])
+        r = chart.update([score])
         r.extra.update(self.summary(arm))
         return r
 
