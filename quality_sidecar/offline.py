@@ -28,17 +28,25 @@ from .sinks import JsonWriter
 
 def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: dict[str, Any],
                        progress: bool = True) -> dict[str, Any]:
-    """Score every T>0 sample under the baseline server; PIT test per arm, likelihood shift between arms."""
+    """Score every T>0 sample under the baseline server; PIT and excess tests per arm, likelihood shift
+    between arms."""
     import numpy as np
     from tqdm import tqdm
 
     from .conformance import ConformanceConfig, LogprobClient
-    from .detectors.conformance import SamplerParams, likelihood_shift_test, pit_test, score_topk
+    from .detectors.conformance import (
+        SamplerParams,
+        excess_test,
+        likelihood_shift_test,
+        pit_test,
+        score_topk,
+    )
 
     cc = ConformanceConfig(**(conf.get("conformance") or {}))
     client = LogprobClient(baseline_url, top_logprobs=cc.top_logprobs, timeout_s=cc.timeout_s, api=cc.api)
     rng = np.random.default_rng(0)
     pit: dict[str, list[float]] = {}
+    excess: dict[str, list[float]] = {}
     lp: dict[str, dict[str, list[float]]] = {}
     counts = {"scored": 0, "not_t_above_0_or_modified": 0, "no_token_ids": 0}
     for s in tqdm(samples, desc="scoring T>0 under the baseline", unit=" samples", disable=not progress):
@@ -54,13 +62,18 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
         sc = score_topk(ids, lps, out, tok, params, rng)
         arm = s["deployment"]["arm"]
         pit.setdefault(arm, []).extend(sc.pit.tolist())
+        ex = excess.setdefault(arm, [0.0, 0.0, 0])
+        for i, v in enumerate(sc.excess_sums()):
+            ex[i] += v
         lp.setdefault(arm, {}).setdefault(s["prompt"]["sha256"], []).append(sc.mean_logprob)
         counts["scored"] += 1
     arms = {}
     for arm, u in pit.items():
         t = pit_test(u)
         vals = [x for v in lp[arm].values() for x in v]
+        e = excess_test(*excess[arm])
         arms[arm] = {"pit_tokens": len(u), "pit_anderson_darling_p": t.pvalue, "pit_detail": t.detail,
+                     "excess_nats_per_token": e.statistic, "excess_p": e.pvalue, "excess_detail": e.detail,
                      "mean_token_logprob_nats": float(np.mean(vals))}
     report: dict[str, Any] = {"baseline_url": baseline_url, "counts": counts, "arms": arms}
     if "baseline" in lp and "candidate" in lp:

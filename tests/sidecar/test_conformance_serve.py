@@ -119,7 +119,8 @@ def test_sidecar_alarms_on_the_sharper_sampler_only(server, streams, tmp_path: P
     assert [e["arm"] for e in conf] == ["candidate"], events
     e = conf[0]
     assert e["example_trace_ids"] and e["samples_since_fit"] <= 60
-    assert "sharper" in e["detail"]["direction"]
+    assert "sharper" in e["detail"]["direction"] and e["detail"]["chart"] in ("pit", "excess")
+    assert e["detail"]["mean_excess_nats_per_token"] > 0.05
     assert e["detail"]["logprob_shift_nats_per_token"] > 0.1  # sharper sampling = more likely tokens
     text = metrics_during["text"]
     assert metric_sum(text, "quality_sidecar_conformance_monitored") == 1
@@ -149,5 +150,7 @@ def test_score_cli_judges_each_arm_under_the_baseline(server, streams, tmp_path:
     assert rep["counts"]["scored"] == len(streams["baseline"]) + len(streams["candidate"])
     assert rep["arms"]["baseline"]["pit_anderson_darling_p"] > 1e-3
     assert rep["arms"]["candidate"]["pit_anderson_darling_p"] < 1e-6
+    assert rep["arms"]["baseline"]["excess_p"] > 1e-3
+    assert rep["arms"]["candidate"]["excess_p"] < 1e-6 and rep["arms"]["candidate"]["excess_nats_per_token"] > 0.1
     shift = rep["likelihood_shift"]
     assert shift["effect_nats_per_token"] > 0.1 and shift["pvalue"] < 1e-3
