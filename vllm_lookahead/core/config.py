@@ -120,7 +120,8 @@ class LookaheadConfig:
     max_batch_draft_tokens: int = 256
     """Token budget for draft rows in one step across the batch; best requests get slots first."""
     batch_size_threshold: int = 16
-    """Above this many running requests, only requests with EMA acceptance >= busy_min_acceptance draft."""
+    """Above this many running requests, only requests with EMA acceptance >= busy_min_acceptance draft,
+    and a measured guard (core/drafter.py) drafts nothing at all while plain decoding serves more tokens/s."""
     busy_min_acceptance: float = 0.4
     confident_fallback: bool = True
     """A request whose EMA is below the floor in force does not go silent: it still drafts *confident*

@@ -10,7 +10,13 @@ runner's rows each step.  The policy keeps lookahead from making serving slower:
     first);
   * a request below the floor in force still drafts *confident* context matches (``confident_fallback``:
     a suffix of >= ``confident_match`` tokens seen before, no pool/Jacobi fill), because those are
-    accepted often enough to pay for their rows even when rows cost compute.
+    accepted often enough to pay for their rows even when rows cost compute;
+  * above ``batch_size_threshold`` a measured throughput guard (``core.arbiter.LayoutArbiter`` with
+    the modes "chain" and "off", one per batch-size bucket) times the engine's own steps and drafts
+    nothing while plain decoding serves more tokens/s.  Why measured: whether a busy batch's draft rows
+    pay depends on the hardware and threading (on the 2-core CPU, same prompts and drafts: faster than
+    `none` with one bound OMP thread, slower with two unbound threads), which no acceptance estimate
+    can know.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arbiter import LayoutArbiter
 from .chain import AcceptanceTable, propose_chain
 from .config import LookaheadConfig
 from .cost_model import StepCostModel
@@ -64,6 +71,9 @@ class LookaheadDrafter:
         self.clock = time.perf_counter  # replaceable in tests
         self._last_step: tuple[set[str], int, int, float] | None = None  # ids, rows, drafts, start time
         self.last_budget = 0  # draft tokens given to the batch in the last step
+        # policy "ema" above batch_size_threshold: draft or not, measured per batch-size bucket
+        self.guards: dict[int, LayoutArbiter] = {}
+        self._guard_last: tuple[str, int, float] | None = None  # (mode, bucket, start of the step)
 
     def _state(self, row: RowStep) -> RequestState:
         st = self.states.get(row.req_id)
@@ -87,8 +97,32 @@ class LookaheadDrafter:
             st = self._state(row)
             st.observe(row.context, row.num_tokens, row.new_tokens, row.verified, row.argmax)
             states.append(st)
+        if self._guard(rows) == "off":
+            for st in states:
+                st.last_draft, st.last_source = [], SOURCE_NONE
+            return [[] for _ in rows]
         budgets, confident = self._budgets(rows, states)
         return [st.propose(b, confident_only=c) for st, b, c in zip(states, budgets, confident)]
+
+    def _guard(self, rows: list[RowStep]) -> str:
+        """Policy "ema": "chain" (draft) or "off" for the next step.  The step just done is credited
+        to the mode that made its drafts (committed tokens / time between two calls); above
+        ``batch_size_threshold`` rows the arbiter of the batch's bucket (17-32 rows, 33-64, ...)
+        decides, "chain" is measured first and "off" is re-tried 2 steps in 64."""
+        now = self.clock()
+        last, self._guard_last = self._guard_last, None
+        if last is not None:
+            self.guards[last[1]].observe(last[0], sum(len(r.new_tokens) for r in rows), now - last[2])
+        if len(rows) <= self.cfg.batch_size_threshold or not any(r.new_tokens for r in rows):
+            return "chain"
+        bucket = 1 << (len(rows) - 1).bit_length()
+        arbiter = self.guards.get(bucket)
+        if arbiter is None:
+            arbiter = self.guards[bucket] = LayoutArbiter(("chain", "off"), explore_every=64, explore_steps=2,
+                                                          warmup_steps=4)
+        mode = arbiter.choose()
+        self._guard_last = (mode, bucket, now)
+        return mode
 
     def _budgets(self, rows: list[RowStep], states: list[RequestState]) -> tuple[list[int], list[bool]]:
         """Draft budget per row, and whether the row may only draft confident context matches."""
@@ -183,11 +217,12 @@ class LookaheadDrafter:
         self.states.pop(req_id, None)
         self._dormant.pop(req_id, None)
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, object]:
         all_states = list(self.states.values()) + list(self._dormant.values())
         drafted = sum(s.stats.drafted for s in all_states)
         accepted = sum(s.stats.accepted for s in all_states)
         return {"requests": len(all_states), "drafted": drafted, "accepted": accepted,
                 "acceptance_rate": accepted / drafted if drafted else 0.0,
                 "memory_tokens": len(self.memory) if self.memory is not None else 0,
-                "cost_model": self.cost.summary()}
+                "cost_model": self.cost.summary(),
+                "guard": {str(b): a.summary() for b, a in self.guards.items()}}

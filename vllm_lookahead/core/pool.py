@@ -7,7 +7,6 @@ request (LRU over keys), so a long request cannot grow without limit.
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 
 
@@ -29,25 +28,31 @@ class NGramPool:
         """Insert (or refresh) a continuation of exactly N-1 tokens for ``key``."""
         if len(cont) != self.n - 1:
             raise ValueError(f"continuation must have {self.n - 1} tokens, got {len(cont)}")
-        entries = self._pool.get(key)
+        self._add(key, cont)
+
+    def _add(self, key: int, cont: tuple[int, ...]) -> None:
+        pool = self._pool
+        entries = pool.get(key)
         if entries is None:
-            entries = []
-            self._pool[key] = entries
-            if len(self._pool) > self.max_keys:
-                self._pool.popitem(last=False)
-        else:
-            self._pool.move_to_end(key)
-            with contextlib.suppress(ValueError):
-                entries.remove(cont)
+            pool[key] = [cont]
+            if len(pool) > self.max_keys:
+                pool.popitem(last=False)
+            return
+        pool.move_to_end(key)
+        if entries[0] == cont:  # already the most recent (repeated text): nothing moves
+            return
+        if cont in entries:
+            entries.remove(cont)
         entries.insert(0, cont)
-        del entries[self.g:]
+        del entries[self.g :]
 
     def add_sequence(self, tokens: list[int] | tuple[int, ...], start: int = 0) -> None:
         """Index every N-gram of ``tokens`` that ends at or after position ``start + N - 1``."""
         n = self.n
         toks = [int(t) for t in tokens] if not isinstance(tokens, list) else tokens
+        add = self._add
         for i in range(max(0, start), len(toks) - n + 1):
-            self.add(toks[i], tuple(toks[i + 1 : i + n]))
+            add(toks[i], tuple(toks[i + 1 : i + n]))
 
     def get(self, key: int) -> list[tuple[int, ...]]:
         """Continuations for ``key``, most recent first (empty list if none)."""

@@ -18,12 +18,29 @@ This is the same idea with a flat structure that is cheap in Python:
   tenant's drafts (and cannot leak through them).
 
 Only outputs are stored (never prompts: they are the client's data, not the model's habits).
+
+A context is one int: its tokens packed ``SHIFT`` bits each (the last token lowest) under a marker bit
+that encodes its length, rolled forward token by token.  Why: the memory is extended with every
+committed token of every request, ``depth`` contexts per token; as tuples that was a tuple per context
+(allocated, hashed over m items, tracked by the garbage collector) and two thirds of policy "cost"'s
+proposer time at batch 32 (benchmarks/proposer_cost.py).  Packing is exact -- no collisions -- for
+token ids below 2**SHIFT (vLLM keeps them in int32), and each isolation key has its own dict.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+
+SHIFT = 32
+
+
+def _pack(tokens: Sequence[int]) -> int:
+    """The tokens packed, the last lowest (without the length marker)."""
+    v = 0
+    for t in tokens:
+        v = (v << SHIFT) | int(t)
+    return v
 
 
 class SuffixMemory:
@@ -36,15 +53,22 @@ class SuffixMemory:
             raise ValueError(f"depth must be in 1..32, got {depth}")
         self.max_tokens = max_tokens
         self.depth = depth
-        # (key, ctx tuple) -> {next token: count}; the sum of the counts is kept under None and the most
-        # frequent next token under -1 (token ids are >= 0), so a walk never scans a node's children
-        self._children: dict[tuple[Hashable, tuple[int, ...]], dict[int | None, int]] = {}
-        self._segments: OrderedDict[Hashable, tuple[Hashable, list[int]]] = OrderedDict()  # id -> (key, toks)
+        # key -> {packed context: {next token: count}}; the sum of the counts is kept under None and the
+        # most frequent next token under -1 (token ids are >= 0), so a walk never scans a node's children
+        self._children: dict[Hashable, dict[int, dict[int | None, int]]] = {}
+        # segment id -> [key, tokens, packed last `depth` tokens]
+        self._segments: OrderedDict[Hashable, list] = OrderedDict()
+        self._masks = [0] + [(1 << (SHIFT * m)) - 1 for m in range(1, depth + 1)]
+        self._marks = [1 << (SHIFT * m) for m in range(depth + 1)]  # length marker of an m-token context
         self.tokens = 0
 
     def __len__(self) -> int:
         """Stored output tokens (all keys)."""
         return self.tokens
+
+    def num_contexts(self) -> int:
+        """Stored contexts (suffix-tree nodes), all keys."""
+        return sum(len(nodes) for nodes in self._children.values())
 
     def extend(self, seg_id: Hashable, key: Hashable, new_tokens: Sequence[int]) -> None:
         """Append ``new_tokens`` to the output segment ``seg_id`` (created on first use) under ``key``."""
@@ -52,40 +76,45 @@ class SuffixMemory:
             return
         entry = self._segments.get(seg_id)
         if entry is None:
-            entry = self._segments[seg_id] = (key, [])
+            entry = self._segments[seg_id] = [key, [], 0]
         elif entry[0] != key:
             raise ValueError(f"segment {seg_id!r} was started under another isolation key")
-        toks = entry[1]
-        children, depth = self._children, self.depth
+        toks, roll = entry[1], entry[2]
+        nodes = self._children.get(key)
+        if nodes is None:
+            nodes = self._children[key] = {}
+        depth, masks, marks = self.depth, self._masks, self._marks
         for t in new_tokens:
             t = int(t)
-            n = len(toks)
-            tail = tuple(toks[n - depth :]) if n > depth else tuple(toks)
-            for m in range(1, len(tail) + 1):
-                ctx = (key, tail[-m:])
-                node = children.get(ctx)
+            for m in range(1, min(len(toks), depth) + 1):  # the m tokens before t
+                ctx = (roll & masks[m]) | marks[m]
+                node = nodes.get(ctx)
                 if node is None:
-                    children[ctx] = {None: 1, -1: t, t: 1}
+                    nodes[ctx] = {None: 1, -1: t, t: 1}
                     continue
                 node[None] += 1
                 c = node[t] = node.get(t, 0) + 1
                 if c > node[node[-1]]:
                     node[-1] = t
             toks.append(t)
+            roll = ((roll << SHIFT) | t) & masks[depth]
+        entry[2] = roll
         self.tokens += len(new_tokens)
         while self.tokens > self.max_tokens and self._segments:
             self._evict_oldest()
 
     def _evict_oldest(self) -> None:
-        _, (key, toks) = self._segments.popitem(last=False)
-        children, depth = self._children, self.depth
+        _, (key, toks, _roll) = self._segments.popitem(last=False)
+        nodes = self._children[key]
+        depth, masks, marks = self.depth, self._masks, self._marks
+        roll = 0
         for n, t in enumerate(toks):
             for m in range(1, min(depth, n) + 1):
-                ctx = (key, tuple(toks[n - m : n]))
-                node = children[ctx]
+                ctx = (roll & masks[m]) | marks[m]
+                node = nodes[ctx]
                 node[None] -= 1
                 if not node[None]:
-                    del children[ctx]
+                    del nodes[ctx]
                     continue
                 left = node[t] - 1
                 if left:
@@ -94,6 +123,9 @@ class SuffixMemory:
                     del node[t]
                 if node[-1] == t:  # the most frequent child lost a count: find the new one (rare)
                     node[-1] = max((k for k in node if k is not None and k >= 0), key=node.__getitem__)
+            roll = ((roll << SHIFT) | t) & masks[depth]
+        if not nodes:
+            del self._children[key]
         self.tokens -= len(toks)
 
     def lookup(self, key: Hashable, context: Sequence[int], max_tokens: int,
@@ -103,25 +135,26 @@ class SuffixMemory:
         Returns (tokens, frequency of each token given the previous ones (count / (context total + 1)),
         matched context length); ([], [], 0) when no suffix of ``context`` was ever followed by output.
         Stops at ``max_tokens`` tokens or before a token whose probability is below ``min_prob``."""
-        if max_tokens <= 0 or not self._children:
+        nodes = self._children.get(key)
+        if max_tokens <= 0 or not nodes:
             return [], [], 0
-        children = self._children
+        depth, masks, marks = self.depth, self._masks, self._marks
         n = len(context)
-        tail = tuple(context[n - self.depth :]) if n > self.depth else tuple(context)
+        tail = context[n - depth :] if n > depth else context
+        roll = _pack(tail)
         # Every suffix of a stored context is stored too, so "stored" is monotone in the length:
         # binary search for the longest (3 look-ups at depth 8 instead of up to 8).
         lo, hi, node = 0, len(tail), None
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            found = children.get((key, tail[-mid:]))
+            found = nodes.get((roll & masks[mid]) | marks[mid])
             if found is not None:
                 lo, node = mid, found
             else:
                 hi = mid - 1
         if node is None:
             return [], [], 0
-        ctx = tail[-lo:]
-        matched = len(ctx)
+        matched = length = lo
         out: list[int] = []
         probs: list[float] = []
         while True:
@@ -133,11 +166,12 @@ class SuffixMemory:
             probs.append(p)
             if len(out) >= max_tokens:
                 break
-            ctx = (ctx + (best,))[-self.depth :]
-            node = children.get((key, ctx))
-            while node is None and len(ctx) > 1:  # shorten the context until it was seen
-                ctx = ctx[1:]
-                node = children.get((key, ctx))
+            roll = ((roll << SHIFT) | best) & masks[depth]
+            length = min(length + 1, depth)
+            node = nodes.get((roll & masks[length]) | marks[length])
+            while node is None and length > 1:  # shorten the context until it was seen
+                length -= 1
+                node = nodes.get((roll & masks[length]) | marks[length])
             if node is None:
                 break
         return out, probs, matched

@@ -122,6 +122,12 @@ class LookaheadProposer:
             return
         import torch
 
+        if self.config.layout != "2d" and logits.device.type == "cpu" and logits.dtype == torch.float32:
+            # numpy's argmax over a CPU float32 batch is ~10x faster than torch's (26 vs 310 us for
+            # 90 rows x 4096 on one thread): the capture is on every step's critical path
+            self._captured = (list(runner.input_batch.req_ids), logits.detach().numpy().argmax(axis=-1),
+                              list(spec_decode_metadata.num_draft_tokens))
+            return
         argmax = logits.argmax(dim=-1)
         if self.config.layout == "2d":
             self._step2d = lade2d.verify_step(logits, argmax, spec_decode_metadata)
