@@ -5,7 +5,7 @@ per-token temperature of draft positions uninitialised) keeps every greedy outpu
 moves output features (length, stop rate, behaviour, text) by amounts that take thousands of samples
 to see.  Scored under the baseline model, the same outputs are plainly wrong after a few hundred.
 
-Two statistics, both exact under the null "the candidate samples from the distribution the sampler
+Three statistics, all exact under the null "the candidate samples from the distribution the sampler
 should have used":
 
 * **Randomized PIT** (probability integral transform).  For a sampled token y with sampler
@@ -16,6 +16,10 @@ should have used":
   the null is known exactly (not estimated), which is what makes tiny false-alarm rates honest.
   A sharper-than-specified sampler (temperature too low, draft tokens favoured) pushes u towards 0;
   a flatter one towards 1.
+* **Excess score**: s = log p(y) - E_q[log p] per token (q the sampler's distribution), on the same
+  exactly known cells as the PIT: the temperature family's score, mean 0 with a known variance under
+  the null, its mean the fault size in nats/token (``excess_test`` for a batch, ``ExcessCusum`` for
+  the stream; the sidecar charts it next to the PIT in ``ConformanceChart``).
 * **Likelihood shift**: per-sample mean token log-prob (raw model, T=1) of candidate outputs vs
   baseline-arm outputs, paired by prompt; effect in nats/token with a CI.
 
@@ -104,7 +108,7 @@ class SequenceScore:
     ``logprob``: raw model log-prob (T=1) of every sampled token, nats.  ``pit``: randomized PIT values
     of the tokens where the test is exact (<= len(logprob)).  ``excess``/``excess_var``: for the same
     tokens, the excess score log p(y) - E_sampler[log p] on the exactly known cells and its exact
-    variance under the null (see ``excess_z``).  ``out_of_support``: tokens the sampler's
+    variance under the null (see ``excess_test``).  ``out_of_support``: tokens the sampler's
     distribution gives probability 0 (impossible under exact sampling; with bf16 scoring a top-p
     boundary can flip).  ``skipped``: tokens outside the exactly known part of the distribution.
     """
