@@ -97,11 +97,25 @@ def _server_env(k8s: K8sCluster, ns: str, component: str = "server") -> dict[str
 
 def _assert_release_running(k8s: K8sCluster, ns: str, values: dict[str, Any]) -> None:
     """Every Deployment rolled out, every pod admitted, Ready and on the right kind of node."""
+    def settled(d: dict[str, Any]) -> bool:
+        st = d["status"]
+        return st.get("observedGeneration") == d["metadata"]["generation"] and d["spec"]["replicas"] >= 1 \
+            and st.get("updatedReplicas") == st.get("readyReplicas") == st.get("replicas") == d["spec"]["replicas"]
+
+    # A Deployment an HPA owns has no replicas in the chart (helm must not fight the HPA), so it starts
+    # at 1 and the HPA controller scales it to minReplicas *after* `helm --wait` may have returned: for
+    # those, wait for the HPA's minimum to be rolled out; every other Deployment must be complete now.
+    hpa_min = {h["spec"]["scaleTargetRef"]["name"]: h["spec"].get("minReplicas", 1)
+               for h in k8s.get_json("hpa", "-n", ns, "-l", INSTANCE)["items"]}
     for d in k8s.get_json("deployments", "-n", ns, "-l", INSTANCE)["items"]:
-        st = d["status"]  # `helm --wait` returned: the rollout must be complete, not just started
-        assert st.get("observedGeneration") == d["metadata"]["generation"], d["metadata"]["name"]
-        assert d["spec"]["replicas"] >= 1 and st.get("updatedReplicas") == st.get("readyReplicas") \
-            == st.get("replicas") == d["spec"]["replicas"], (d["metadata"]["name"], st)
+        name = d["metadata"]["name"]
+        if name in hpa_min:
+            def scaled(name: str = name) -> bool:
+                cur = k8s.get_json("deployment", name, "-n", ns)
+                return settled(cur) and cur["spec"]["replicas"] >= hpa_min[name]
+            _wait(scaled, 90, f"{name} to roll out the HPA's minReplicas={hpa_min[name]}")
+        else:  # `helm --wait` returned: the rollout must be complete, not just started
+            assert settled(d), (name, d["status"])
     for rs in k8s.get_json("replicasets", "-n", ns, "-l", INSTANCE)["items"]:
         failures = [c for c in rs["status"].get("conditions", []) if c["type"] == "ReplicaFailure"]
         assert not failures, f"{rs['metadata']['name']}: {failures}"  # e.g. PodSecurity refused a pod
