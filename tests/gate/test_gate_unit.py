@@ -292,7 +292,7 @@ def test_sampled_criterion_judges_pit_and_likelihood_shift(pit_power: float, shi
     assert conf["pit_baseline_control"]["p_value"] > 0.01
     assert (res["failed"] == ["sampled"]) == (verdict == "FAIL")
     table = "\n".join(_sampled_table(res))
-    assert "mean token log-prob" in table and "Likelihood shift" in table
+    assert "mean token log-prob" in table and "Likelihood shift" in table and "excess log-prob" in table
     cand.sampled.scores = None  # samples that were never scored cannot pass
     res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0"])
     assert res["failed"] == ["sampled"] and "not scored" in res["criteria"][4]["detail"]

@@ -337,7 +337,10 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
             oos = conf["out_of_support"]
             sh, lp = conf["shift"], conf["mean_token_logprob"]
             extra = (f"mean token log-prob {lp['baseline']:.4f} -> {lp['candidate']:.4f} nats, shift "
-                     f"{sh['effect']:+.4f} [{sh['ci_low']:+.4f}, {sh['ci_high']:+.4f}] nats/token; PIT (AD) "
+                     f"{sh['effect']:+.4f} [{sh['ci_low']:+.4f}, {sh['ci_high']:+.4f}] nats/token; excess log-prob "
+                     f"candidate {conf['excess_candidate']['nats_per_token']:+.4f} nats/token "
+                     f"p={conf['excess_candidate']['p_value']:.3g}, baseline control "
+                     f"p={conf['excess_baseline_control']['p_value']:.3g}; PIT (AD) "
                      f"candidate p={conf['pit_candidate']['p_value']:.3g}, baseline control "
                      f"p={conf['pit_baseline_control']['p_value']:.3g}; out-of-support tokens "
                      f"{oos['baseline']}/{oos['candidate']}; scoring {sum(v or 0 for v in conf['scoring_s'].values()):.1f} s; ")

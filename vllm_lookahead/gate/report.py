@@ -48,6 +48,10 @@ def _sampled_table(result: dict[str, Any]) -> list[str]:
             f"| mean PIT u (0.5 if exact) | {_fmt(mp['baseline'])} | {_fmt(mp['candidate'])} |",
             f"| PIT Anderson-Darling p (baseline = A/A control) | {_fmt(conf['pit_baseline_control']['p_value'])} | "
             f"{_fmt(conf['pit_candidate']['p_value'])} |",
+            f"| excess log-prob, nats/token (0 if exact) | {_fmt(conf['excess_baseline_control']['nats_per_token'])} | "
+            f"{_fmt(conf['excess_candidate']['nats_per_token'])} |",
+            f"| excess test p (baseline = A/A control) | {_fmt(conf['excess_baseline_control']['p_value'])} | "
+            f"{_fmt(conf['excess_candidate']['p_value'])} |",
             f"| out-of-support tokens | {oos['baseline']} | {oos['candidate']} |",
             f"| scoring time (s) | {_fmt(sc['baseline'])} | {_fmt(sc['candidate'])} |",
             "", f"Likelihood shift candidate - baseline: {sh['effect']:+.4f} nats/token, 95% CI "
