@@ -142,13 +142,11 @@ def main() -> None:
         fails = sum(x["verdict"] == "FAIL" for x in reps)
         # the excess test's power predicted from all R x S samples: per replicate z ~ N(mu n / sd, 1),
         # rejected at Holm's strictest step (alpha / m), i.e. a lower bound on its own contribution
-        from scipy import stats as sst
+        from gate_power_at_size import excess_power  # this script's directory is on sys.path
 
         ex_sum, ex_var, ex_n = allc["excess"]
-        m = len(reps[0]["p_adjusted"])
-        z_crit = float(sst.norm.isf(sp["alpha"] / m / 2))
         z_mean = (ex_sum / R) / math.sqrt(ex_var / R) if ex_var > 0 else 0.0
-        predicted = float(sst.norm.sf(z_crit - abs(z_mean)) + sst.norm.cdf(-z_crit - abs(z_mean)))
+        predicted = excess_power(z_mean, sp["alpha"], len(reps[0]["p_adjusted"]))
         results[label] = {
             "spec": spec, "fail_fraction": fails / R, "fails": fails, "replicates": R,
             "shift_nats_per_token_all_samples": {"effect": sh.effect, "ci_low": sh.ci_low, "ci_high": sh.ci_high},

@@ -250,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from quality_sidecar.conformance import ConformanceConfig
-    from quality_sidecar.detectors.conformance import SamplerParams, likelihood_shift, pit_test
+    from quality_sidecar.detectors.conformance import (
+        SamplerParams,
+        likelihood_shift,
+        pit_test,
+        pit_z,
+    )
     from vllm_lookahead.devtools.paths import demo_model_dir
     from vllm_lookahead.prompts import load_heldout_prompts
 
@@ -337,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         ex_s = sum(float(x.excess.sum()) for x in scored)
         ex_v = sum(float(x.excess_var.sum()) for x in scored)
         entry["topk_excess_z"] = ex_s / math.sqrt(ex_v) if ex_v > 0 else None
-        entry["pit_z"] = float((u - 0.5).sum() * math.sqrt(12 / len(u))) if len(u) else None
+        entry["pit_z"] = pit_z(u) if len(u) else None
         out_arms.append(entry)
         print(json.dumps({k: v for k, v in entry.items() if k not in ("spec",)}), file=sys.stderr)
     # Pooled exact streams per dtype: the tightest bound on a per-token drift this run can give.

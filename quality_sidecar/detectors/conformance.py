@@ -718,8 +718,7 @@ class ConformanceChart:
         was = self.alarm_
         rp = self.pit.update([sc.pit for sc in scores])
         rx = self.excess.update([(sc.excess, sc.excess_var) for sc in scores])
-        first = min((r for r in (rp, rx) if r.alarm_index is not None), key=lambda r: r.alarm_index, default=rp)
-        r = rp if first is rp else rx
+        r = min((x for x in (rp, rx) if x.alarm_index is not None), key=lambda x: x.alarm_index, default=rp)
         r.alarm = rp.alarm or rx.alarm
         r.alarm_new = (rp.alarm_new or rx.alarm_new) and not was
         r.statistic = max(rp.statistic, rx.statistic)

@@ -136,8 +136,9 @@ def _conformance(run: RunResult) -> dict[str, Any]:
 
 def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, pol: dict[str, Any],
              method: str, names: list[str]) -> dict[str, Any]:
-    """T>0 comparison: surface features (length, stop/pass/flag rates) plus the two likelihood tests
-    (PIT of the candidate's samples, likelihood shift candidate - baseline), all adjusted together."""
+    """T>0 comparison: surface features (length, stop/pass/flag rates) plus the likelihood tests
+    (excess log-prob and PIT of the candidate's samples, likelihood shift candidate - baseline), all
+    adjusted together."""
     from quality_sidecar.detectors.conformance import excess_test, likelihood_shift, pit_test
     from quality_sidecar.detectors.twosample import length_test
 
