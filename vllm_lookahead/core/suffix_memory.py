@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-SHIFT = 32
+from .context_index import SHIFT  # one token-packing width for every packed key in core/
 
 
 def _pack(tokens: Sequence[int]) -> int:
