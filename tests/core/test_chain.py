@@ -1,4 +1,4 @@
-"""Policy "cost" (issue 14): the engine-wide output memory (longest match, frequencies, token bound,
+"""Policies "chain" and "cost" (issue 14): the engine-wide output memory (longest match, frequencies, token bound,
 isolation), the step-time cost model and the drafter that combines every source under it."""
 
 from __future__ import annotations
@@ -161,11 +161,12 @@ def order2_model(vocab: int, seed: int):
     return nxt, verify
 
 
-def test_cost_policy_is_lossless_and_uses_memory_across_requests():
+@pytest.mark.parametrize("policy", ["chain", "cost"])
+def test_chain_policies_are_lossless_and_use_memory_across_requests(policy):
     """Simulated greedy verification: outputs equal greedy decoding; a second request with the same
     behaviour compresses better thanks to the first one's outputs in the engine-wide memory."""
     nxt, verify = order2_model(50, 1)
-    d = LookaheadDrafter(LookaheadConfig(policy="cost"), 4)
+    d = LookaheadDrafter(LookaheadConfig(policy=policy), 4)
     tick = iter(range(10**6))
     d.clock = lambda: 1e-3 * next(tick)  # every step 1 ms whatever its rows: drafting is free
     prompt = [3, 4]
@@ -196,6 +197,28 @@ def test_cost_policy_stops_drafting_when_drafts_never_pay():
         lengths.append(len(draft))
     assert d.cost.fitted
     assert sum(lengths[-40:]) == 0, lengths
+
+
+def test_chain_policy_cuts_each_draft_at_its_commit_probability_floor():
+    """Policy "chain": a draft goes on while its estimated commit probability (the product of its tokens'
+    acceptance estimates) stays >= chain_min_p -- the whole candidate at floor 0, nothing at a floor no
+    estimate reaches, a prefix in between; above batch_size_threshold rows chain_busy_min_p rules."""
+    ctx = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8]  # the context says 9 10 11 12 follows
+
+    def draft(**kw) -> list[int]:
+        d = LookaheadDrafter(LookaheadConfig(policy="chain", **kw), 4)
+        return d.step([RowStep("r", ctx, len(ctx), [8], prompt_len=11)])[0]
+
+    full = draft(chain_min_p=0.0)
+    assert full == [9, 10, 11, 12]
+    assert draft(chain_min_p=0.99) == []
+    part = draft(chain_min_p=0.3)
+    assert 0 < len(part) < 4 and part == full[: len(part)]
+    # 20 rows > batch_size_threshold: the busy floor applies (each row as alone would draft fully)
+    busy = LookaheadDrafter(LookaheadConfig(policy="chain", chain_min_p=0.0, chain_busy_min_p=0.99,
+                                            batch_size_threshold=16), 4)
+    rows = [RowStep(f"r{i}", ctx, len(ctx), [8], prompt_len=11) for i in range(20)]
+    assert busy.step(rows) == [[]] * 20
 
 
 def test_proposer_isolation_key_from_lora_and_tenant():

@@ -262,11 +262,11 @@ def test_shared_pool_carries_output_ngrams_across_requests_but_not_prompts():
     assert off.step([RowStep("b", b, 3, [10], prompt_len=2)]) == [[]]
 
 
-def _guarded_run(step_cost, steps: int = 200, batch: int = 32) -> list[int]:
-    """Drive the "ema" drafter at a busy batch with a fake clock: every step each row commits its
+def _guarded_run(step_cost, steps: int = 200, batch: int = 32, policy: str = "ema") -> list[int]:
+    """Drive the drafter at a busy batch with a fake clock: every step each row commits its
     whole draft + 1 token (copy-friendly context), and a step takes ``step_cost(draft_rows)`` seconds.
     Returns the draft tokens of every step."""
-    d = LookaheadDrafter(LookaheadConfig(policy="ema"), 4)
+    d = LookaheadDrafter(LookaheadConfig(policy=policy), 4)
     now = [0.0]
     d.clock = lambda: now[0]
     period = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -289,16 +289,17 @@ def _guarded_run(step_cost, steps: int = 200, batch: int = 32) -> list[int]:
     return made
 
 
-def test_busy_batch_guard_stops_drafting_where_plain_decoding_is_faster():
-    """Above batch_size_threshold the ema policy times its steps: where draft rows cost more than
-    they return it drafts nothing (but for the re-tries), where they pay it keeps drafting."""
-    expensive = _guarded_run(lambda n: 0.010 + 0.002 * n)  # 128 draft rows triple a step
-    cheap = _guarded_run(lambda n: 0.010 + 0.00001 * n)
+@pytest.mark.parametrize("policy", ["ema", "chain"])
+def test_busy_batch_guard_stops_drafting_where_plain_decoding_is_faster(policy):
+    """Above batch_size_threshold the ema and chain policies time their steps: where draft rows cost more
+    than they return they draft nothing (but for the re-tries), where they pay they keep drafting."""
+    expensive = _guarded_run(lambda n: 0.010 + 0.002 * n, policy=policy)  # 128 draft rows triple a step
+    cheap = _guarded_run(lambda n: 0.010 + 0.00001 * n, policy=policy)
     steady = expensive[40:]
     assert sum(1 for n in steady if n > 0) <= len(steady) // 10, expensive
     # cheap rows: "off" only for its 4 measuring steps and the re-tries (2 steps in 64)
     assert sum(1 for n in cheap if n == 0) <= 4 + 2 * (len(cheap) // 64 + 1), cheap
     assert sum(cheap) > 0.8 * 4 * 32 * (len(cheap) - 12), cheap
     # at or below the threshold nothing is guarded: rows keep drafting however slow the step
-    small = _guarded_run(lambda n: 0.010 + 0.002 * n, steps=60, batch=16)
+    small = _guarded_run(lambda n: 0.010 + 0.002 * n, steps=60, batch=16, policy=policy)
     assert all(n > 0 for n in small[1:]), small

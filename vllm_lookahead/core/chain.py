@@ -1,4 +1,4 @@
-"""One chain drafter over every source, with a per-token acceptance estimate (policy "cost").
+"""One chain drafter over every source, with a per-token acceptance estimate (policies "chain" and "cost").
 
 Sources, each offering one candidate chain for the positions after the last committed token:
   * ``context``: prompt lookup over the request's prompt + output (longest suffix, up to ``max_match``);
@@ -13,8 +13,10 @@ Why estimates instead of a fixed k: a draft token is worth its row only if it is
 the iterate) and draft position, P(token accepted | its predecessors were) from the verifications the
 engine has already done -- Beta-smoothed towards a prior, so it is usable from the first step.  A
 request's own history scales it (``RequestState.hist_*``: accepted / expected, clipped).  The candidate
-with the most expected committed tokens wins; how much of it is drafted is decided for the whole batch
-by ``StepCostModel.allocate`` (long where the estimate is high, nothing where it is low).
+with the most expected committed tokens wins; how much of it is drafted is decided by its estimated
+commit probability: policy "chain" drafts while it stays above a floor (suffix decoding's rule, on learned
+estimates), policy "cost" cuts the whole batch's drafts with ``StepCostModel.allocate`` (long where the
+estimate is high, nothing where it is low).
 """
 
 from __future__ import annotations
@@ -57,36 +59,24 @@ class AcceptanceTable:
     """P(draft token accepted | its predecessors were), per (evidence bucket, draft position)."""
 
     def __init__(self, prior_weight: float = 4.0, cap: float = 4096.0) -> None:
-        self.prior = np.repeat(_PRIOR, DEPTHS)
+        self.prior = np.repeat(_PRIOR, DEPTHS).tolist()
         self.weight = prior_weight
-        self.cap = cap  # counts are halved past this, so the table follows a changing workload
+        self.cap = cap  # a cell's counts are halved past this, so the table follows a changing workload
         self.evaluated = [0.0] * (BUCKETS * DEPTHS)
         self.accepted = [0.0] * (BUCKETS * DEPTHS)
-        self.p: list[float] = self.prior.tolist()
-        self._dirty = False
+        self.p: list[float] = list(self.prior)
 
     def record(self, cells: list[int], verified: int, accepted: int) -> None:
         """The first ``verified`` tokens of a draft with these cells were verified, ``accepted`` of
-        them accepted: tokens 1..accepted+1 were evaluated (each given its predecessors)."""
-        ev, acc = self.evaluated, self.accepted
-        for c in cells[: min(accepted + 1, verified)]:
-            ev[c] += 1.0
-        for c in cells[:accepted]:
-            acc[c] += 1.0
-        self._dirty = True
-
-    def refresh(self) -> None:
-        """Recompute the estimates (once per engine step)."""
-        if not self._dirty:
-            return
-        ev, acc = np.asarray(self.evaluated), np.asarray(self.accepted)
-        if ev.max() > self.cap:
-            big = ev > self.cap
-            ev[big] *= 0.5
-            acc[big] *= 0.5
-            self.evaluated, self.accepted = ev.tolist(), acc.tolist()
-        self.p = ((acc + self.weight * self.prior) / (ev + self.weight)).tolist()
-        self._dirty = False
+        them accepted: tokens 1..accepted+1 were evaluated (each given its predecessors).  The touched
+        cells' estimates are updated at once (a few floats; no per-step pass over the table)."""
+        ev, acc, p, w, prior = self.evaluated, self.accepted, self.p, self.weight, self.prior
+        for j, c in enumerate(cells[: min(accepted + 1, verified)]):
+            e, a = ev[c] + 1.0, acc[c] + (1.0 if j < accepted else 0.0)
+            if e > self.cap:
+                e, a = 0.5 * e, 0.5 * a
+            ev[c], acc[c] = e, a
+            p[c] = (a + w * prior[c]) / (e + w)
 
     def summary(self) -> dict[str, list[float]]:
         return {"p": [round(x, 3) for x in self.p], "evaluated": [round(x, 1) for x in self.evaluated]}

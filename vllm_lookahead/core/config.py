@@ -23,7 +23,7 @@ LIMITS: dict[str, tuple[float, float | None]] = {
     "ngram": (2, 16), "pool_size": (1, 1024), "max_pool_keys": (1, 10_000_000),
     "shared_pool_keys": (0, 10_000_000), "max_prompt_index_tokens": (0, None), "min_match": (1, 32),
     "max_match": (1, 32), "window": (0, 64), "memory_tokens": (0, 100_000_000), "memory_depth": (1, 32),
-    "cost_margin": (0.0, 1.0), "pool_max_batch": (0, None), "ema_decay": (0.0, 1.0), "min_acceptance": (0.0, 1.0),
+    "cost_margin": (0.0, 1.0), "chain_min_p": (0.0, 1.0), "chain_busy_min_p": (0.0, 1.0), "pool_max_batch": (0, None), "ema_decay": (0.0, 1.0), "min_acceptance": (0.0, 1.0),
     "free_draft_batch_size": (0, None), "probe_interval": (1, None), "max_batch_draft_tokens": (0, None),
     "batch_size_threshold": (1, None), "busy_min_acceptance": (0.0, 1.0), "confident_match": (1, 32),
     "max_dormant_requests": (0, None), "lade_window": (1, 64), "lade_ngram": (3, 16),
@@ -31,7 +31,7 @@ LIMITS: dict[str, tuple[float, float | None]] = {
     "lade_shared_candidates": (0, 16), "chain_max_draft": (0, 128),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
-    "policy": ("cost", "ema"), "layout": ("chain", "2d"), "lade_policy": ("measure", "always"),
+    "policy": ("chain", "cost", "ema"), "layout": ("chain", "2d"), "lade_policy": ("measure", "always"),
 }
 EXCLUSIVE_HI = frozenset({"ema_decay"})  # upper bound not allowed itself
 K_LIMITS = (1, 128)
@@ -105,6 +105,13 @@ class LookaheadConfig:
     cost_margin: float = 0.02
     """Drafts are made only when the step-time model predicts at least this much more tokens/s than
     no drafts (a guard against estimation error)."""
+    chain_min_p: float = 0.1
+    """Policy "chain": a draft token is drafted while its estimated probability of being committed (its
+    own and its predecessors' acceptance estimates, times the request's own accepted/expected history)
+    is at least this -- suffix decoding's ``min_token_prob`` rule, on learned estimates."""
+    chain_busy_min_p: float = 0.4
+    """Policy "chain" above `batch_size_threshold` running requests: the same floor, higher because
+    draft rows cost compute in a busy batch (the measured guard may still switch drafting off)."""
     # --- adaptive policy ("ema") ---
     ema_decay: float = 0.7
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""

@@ -23,6 +23,18 @@ from collections import deque
 import numpy as np
 
 
+def threshold_allocate(p_cum: np.ndarray, owner: np.ndarray, batch: int, threshold: float,
+                       max_total: int | None = None) -> np.ndarray:
+    """Draft tokens per row: every candidate token with ``p_cum >= threshold`` (a prefix of its row's
+    draft, as ``p_cum`` does not increase along a draft), at most ``max_total`` in all (the most probable)."""
+    if len(p_cum) == 0 or max_total == 0:
+        return np.zeros(batch, dtype=np.int64)
+    take = np.flatnonzero(p_cum >= threshold)
+    if max_total is not None and len(take) > max_total:
+        take = take[np.argsort(-p_cum[take], kind="stable")[:max_total]]
+    return np.bincount(owner[take], minlength=batch)
+
+
 class StepCostModel:
     def __init__(self, window: int = 512, refit_every: int = 16, min_samples: int = 24,
                  prior_fixed_rows: float = 16.0, prior_weight: float = 8.0, margin: float = 0.02) -> None:
@@ -86,12 +98,11 @@ class StepCostModel:
         counts = np.zeros(batch, dtype=np.int64)
         if len(p_cum) == 0 or max_total == 0:
             return counts
+        if not self.fitted:
+            return threshold_allocate(p_cum, owner, batch, default_threshold, max_total)
         order = np.argsort(-p_cum, kind="stable")
         if max_total is not None:
             order = order[:max_total]
-        if not self.fitted:
-            take = order[p_cum[order] >= default_threshold]
-            return np.bincount(owner[take], minlength=batch)
         gain = np.cumsum(p_cum[order])
         n = np.arange(1, len(order) + 1)
         tput = (batch + gain) / (self.a + self.b * (batch + n) + self.s)

@@ -31,7 +31,7 @@ import numpy as np
 from .arbiter import LayoutArbiter
 from .chain import AcceptanceTable, propose_chain
 from .config import LookaheadConfig
-from .cost_model import StepCostModel
+from .cost_model import StepCostModel, threshold_allocate
 from .pool import NGramPool
 from .state import SOURCE_NONE, RequestState
 from .suffix_memory import SuffixMemory
@@ -63,15 +63,15 @@ class LookaheadDrafter:
                        if cfg.shared_pool_keys > 0 and (cfg.policy == "ema" or cfg.lade_shared_candidates)
                        else None)
         self._dormant: OrderedDict[str, RequestState] = OrderedDict()
-        # policy "cost": engine-wide output memory, acceptance table, step-time model
+        # policies "chain" and "cost": engine-wide output memory, acceptance table; "cost": step-time model
         self.memory = (SuffixMemory(cfg.memory_tokens, cfg.memory_depth)
-                       if cfg.policy == "cost" and cfg.memory_tokens > 0 else None)
+                       if cfg.policy in ("chain", "cost") and cfg.memory_tokens > 0 else None)
         self.table = AcceptanceTable()
         self.cost = StepCostModel(margin=cfg.cost_margin)
         self.clock = time.perf_counter  # replaceable in tests
         self._last_step: tuple[set[str], int, int, float] | None = None  # ids, rows, drafts, start time
         self.last_budget = 0  # draft tokens given to the batch in the last step
-        # policy "ema" above batch_size_threshold: draft or not, measured per batch-size bucket
+        # policies "chain" and "ema" above batch_size_threshold: draft or not, measured per batch-size bucket
         self.guards: dict[int, LayoutArbiter] = {}
         self._guard_last: tuple[str, int, float] | None = None  # (mode, bucket, start of the step)
 
@@ -90,7 +90,7 @@ class LookaheadDrafter:
             self._dormant[rid] = self.states.pop(rid)
             while len(self._dormant) > self.cfg.max_dormant_requests:
                 self._dormant.popitem(last=False)
-        if self.cfg.policy == "cost":
+        if self.cfg.policy in ("chain", "cost"):
             return self._step_cost(rows, live)
         states = []
         for row in rows:
@@ -105,7 +105,7 @@ class LookaheadDrafter:
         return [st.propose(b, confident_only=c) for st, b, c in zip(states, budgets, confident)]
 
     def _guard(self, rows: list[RowStep]) -> str:
-        """Policy "ema": "chain" (draft) or "off" for the next step.  The step just done is credited
+        """Policies "chain" and "ema": "chain" (draft) or "off" for the next step.  The step just done is credited
         to the mode that made its drafts (committed tokens / time between two calls); above
         ``batch_size_threshold`` rows the arbiter of the batch's bucket (17-32 rows, 33-64, ...)
         decides, "chain" is measured first and "off" is re-tried 2 steps in 64."""
@@ -157,11 +157,15 @@ class LookaheadDrafter:
         return budgets, confident
 
     def _step_cost(self, rows: list[RowStep], live: set[str]) -> list[list[int]]:
-        """Policy "cost": observe, then every row's best candidate from every source, cut for the whole
-        batch by the step-time model (core/chain.py, core/cost_model.py)."""
+        """Policies "chain" and "cost": observe, then every row's best candidate from every source
+        (core/chain.py), cut where its estimated commit probability falls below ``chain_min_p``
+        ("chain"; ``chain_busy_min_p`` above ``batch_size_threshold`` rows, where the measured guard
+        may also switch drafting off) or for the whole batch by the step-time model ("cost",
+        core/cost_model.py)."""
         now = self.clock()
         last = self._last_step
-        if last is not None and live <= last[0] and all(r.new_tokens for r in rows):
+        chain = self.cfg.policy == "chain"
+        if not chain and last is not None and live <= last[0] and all(r.new_tokens for r in rows):
             # the step just done ran last step's rows and drafts; no request joined (no prefill in it)
             self.cost.observe(last[1], last[2], now - last[3])
         table, memory = self.table, self.memory
@@ -188,7 +192,11 @@ class LookaheadDrafter:
                 memory.extend(row.req_id, st.isolation_key, toks[len(toks) - (row.num_tokens - start):])
             st.memory_seen = row.num_tokens
             states.append(st)
-        table.refresh()
+        if chain and self._guard(rows) == "off":
+            for st in states:
+                st.last_draft, st.last_source = [], SOURCE_NONE
+            self.last_budget = 0
+            return [[] for _ in rows]
         cands, flat_p, owner = [], [], []
         for i, (row, st) in enumerate(zip(rows, states)):
             if not row.new_tokens:  # still in prefill: nothing to draft from yet
@@ -199,8 +207,16 @@ class LookaheadDrafter:
             cands.append((draft, cells, pc))
             flat_p.extend(pc)
             owner.extend([i] * len(pc))
-        counts = self.cost.allocate(np.asarray(flat_p, dtype=np.float64), np.asarray(owner, dtype=np.int64),
-                                    len(rows), max_total=self.cfg.max_batch_draft_tokens).tolist()
+        if chain:
+            floor = self.cfg.chain_min_p if len(rows) <= self.cfg.batch_size_threshold else self.cfg.chain_busy_min_p
+            # p_cum does not increase along a draft: each row's count is its prefix above the floor
+            counts = [sum(1 for x in pc if x >= floor) for _, _, pc in cands]
+            if sum(counts) > self.cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
+                counts = threshold_allocate(np.asarray(flat_p, dtype=np.float64), np.asarray(owner, dtype=np.int64),
+                                            len(rows), floor, self.cfg.max_batch_draft_tokens).tolist()
+        else:
+            counts = self.cost.allocate(np.asarray(flat_p, dtype=np.float64), np.asarray(owner, dtype=np.int64),
+                                        len(rows), max_total=self.cfg.max_batch_draft_tokens).tolist()
         out = []
         total = 0
         for st, (draft, cells, pc), n in zip(states, cands, counts):
