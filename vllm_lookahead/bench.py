@@ -100,6 +100,7 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
         # same prompts.  Warm-up (first-call allocations) on prompts outside the measured set.
         del llm
         gc.collect()
+        proposer_mod.PROFILE.drafter = None
         llm = make_llm(model, spec, dtype=args.dtype, seed=args.seed, enforce_eager=not args.compile,
                        max_num_seqs=bs if args.batching == "continuous" else max(batch_sizes), max_model_len=2048,
                        extra={"attention_backend": args.attention_backend} if args.attention_backend else None)
@@ -154,6 +155,9 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
             "proposer_share_of_step_time": prof.seconds / counter.seconds if counter.seconds else None,
             "acceptance_by_position": _acceptance_by_position(hist),
             "lade2d": _lade2d_summary(lade2d.COUNTERS),
+            # lookahead's own account (since engine start, warm-up included): drafts and acceptance by
+            # source, the busy-batch guard's measured tokens/s and choices per batch-size bucket
+            "drafter": prof.drafter.summary() if prof.drafter is not None else None,
             "token_ids": token_ids,
         }
     del llm

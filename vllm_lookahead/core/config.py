@@ -84,7 +84,7 @@ class LookaheadConfig:
     window: int = 0
     """W: Jacobi guesses carried from one verification to the next (0 = as many as k allows)."""
     # --- chain drafter policy (issue 14) ---
-    policy: str = "ema"
+    policy: str = "chain"
     """"cost" (opt-in, issue 14): every source (context match, engine-wide output memory, LADE pool, Jacobi iterate) offers a
     candidate with a learned per-token acceptance estimate; the best candidate is cut where its estimated
     commit probability stops paying for its rows, by a model of the engine's own step times
@@ -96,16 +96,16 @@ class LookaheadConfig:
     """Output tokens kept in the engine-wide memory of earlier outputs (core/suffix_memory.py; 0 = off),
     oldest outputs evicted first.  Isolated per LoRA adapter and tenant (SamplingParams
     extra_args["lookahead"]["tenant"]).  Memory: ~`memory_depth` dict entries per token."""
-    memory_depth: int = 8
+    memory_depth: int = 4
     """Longest context (tokens) the output memory matches on."""
-    pool_max_batch: int = 8
+    pool_max_batch: int = 1
     """Policy "cost": LADE's pool and the Jacobi iterate are sources (and kept up to date) only while at
     most this many requests run -- their drafts are accepted least often, so they pay only where draft
     rows are cheap, and their upkeep is most of the proposer's time at large batches."""
     cost_margin: float = 0.02
     """Drafts are made only when the step-time model predicts at least this much more tokens/s than
     no drafts (a guard against estimation error)."""
-    chain_min_p: float = 0.1
+    chain_min_p: float = 0.05
     """Policy "chain": a draft token is drafted while its estimated probability of being committed (its
     own and its predecessors' acceptance estimates, times the request's own accepted/expected history)
     is at least this -- suffix decoding's ``min_token_prob`` rule, on learned estimates."""

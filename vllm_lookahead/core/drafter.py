@@ -237,8 +237,15 @@ class LookaheadDrafter:
         all_states = list(self.states.values()) + list(self._dormant.values())
         drafted = sum(s.stats.drafted for s in all_states)
         accepted = sum(s.stats.accepted for s in all_states)
-        return {"requests": len(all_states), "drafted": drafted, "accepted": accepted,
+        by_source: dict[str, list[int]] = {}
+        for s in all_states:
+            for source, (d, a) in s.stats.by_source.items():
+                tot = by_source.setdefault(source, [0, 0])
+                tot[0] += d
+                tot[1] += a
+        return {"policy": self.cfg.policy, "requests": len(all_states), "drafted": drafted, "accepted": accepted,
                 "acceptance_rate": accepted / drafted if drafted else 0.0,
+                "by_source": {k: {"drafted": d, "accepted": a} for k, (d, a) in sorted(by_source.items())},
                 "memory_tokens": len(self.memory) if self.memory is not None else 0,
                 "cost_model": self.cost.summary(),
                 "guard": {str(b): a.summary() for b, a in self.guards.items()}}

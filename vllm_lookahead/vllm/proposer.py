@@ -46,6 +46,9 @@ class _Profile:
     """CPU time spent in the proposer and its runner hook, per process (read by the benchmark)."""
 
     def __init__(self) -> None:
+        # the drafter of the proposer built last in this process (the benchmark records its summary:
+        # drafts and acceptance by source, the busy-batch guard's choices); reset() leaves it
+        self.drafter: LookaheadDrafter | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -83,6 +86,7 @@ class LookaheadProposer:
         self.config = LookaheadConfig.from_sources(getattr(vllm_config, "additional_config", None))
         chain_k = min(self.k, self.config.chain_max_draft or self.k)
         self.drafter = LookaheadDrafter(self.config, chain_k)
+        PROFILE.drafter = self.drafter
         self._runner: Any = None
         self._captured: tuple[list[str], Any, list[int]] | None = None
         self._warned = False
