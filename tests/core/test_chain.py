@@ -221,6 +221,26 @@ def test_chain_policy_cuts_each_draft_at_its_commit_probability_floor():
     assert busy.step(rows) == [[]] * 20
 
 
+def test_guard_off_steps_skip_the_upkeep_and_lose_nothing():
+    """While the busy-batch guard has drafting off, rows are not even observed (no proposer upkeep);
+    when it is back on, the tokens committed meanwhile are indexed (context match) and stored (memory)."""
+    d = LookaheadDrafter(LookaheadConfig(policy="chain", chain_min_p=0.0), 4)
+    mode = ["chain"]
+    d._guard = lambda rows: mode[0]  # fault injection: the guard's verdict, not its timing, is under test
+    ctx = [900, 901]
+    d.step([RowStep("r", ctx, 2, [901], prompt_len=1)])
+    indexed = len(d.states["r"].index.tokens)
+    mode[0] = "off"
+    for t in [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]:  # committed while off: a period the context can match later
+        ctx = ctx + [t]
+        assert d.step([RowStep("r", ctx, len(ctx), [t], prompt_len=1)]) == [[]]
+    assert len(d.states["r"].index.tokens) == indexed  # untouched while off
+    mode[0] = "chain"
+    assert d.step([RowStep("r", ctx, len(ctx), [3], prompt_len=1)]) == [[4, 5, 6, 7]]
+    assert len(d.states["r"].index.tokens) == len(ctx)
+    assert len(d.memory) == len(ctx) - 1  # every output token, the off period's included (not the prompt)
+
+
 def test_proposer_isolation_key_from_lora_and_tenant():
     """The engine side: the key is (LoRA adapter, tenant); tenant from extra_args["lookahead"] or
     extra_args["tenant"]; a request with neither shares the anonymous key."""

@@ -52,9 +52,12 @@ class LayoutArbiter:
 
     def choose(self) -> str:
         """The layout for the next step."""
-        for mode in self.modes:  # first measure every mode
-            if self.samples[mode] < self.warmup_steps:
-                return mode
+        # first measure every mode, interleaved (the least-measured first): modes measured one after the
+        # other would see different conditions -- a batch that shrinks as requests finish, a warm-up
+        # that ends -- and the comparison would credit those to the mode
+        warming = [m for m in self.modes if self.samples[m] < self.warmup_steps]
+        if warming:
+            return min(warming, key=lambda m: self.samples[m])
         if self._exploring:
             return self._exploring.pop()
         best = max(self.modes, key=lambda m: self.tokens_per_s[m])
