@@ -85,23 +85,28 @@ class LookaheadConfig:
     """W: Jacobi guesses carried from one verification to the next (0 = as many as k allows)."""
     # --- chain drafter policy (issue 14) ---
     policy: str = "chain"
-    """"cost" (opt-in, issue 14): every source (context match, engine-wide output memory, LADE pool, Jacobi iterate) offers a
-    candidate with a learned per-token acceptance estimate; the best candidate is cut where its estimated
-    commit probability stops paying for its rows, by a model of the engine's own step times
-    (core/cost_model.py) -- 0 drafts allowed.  "ema": the earlier fixed-k policy (per-request EMA floor,
-    busy threshold, confident fallback; the keys below) -- the default: in a same-run A/B on 16 open
-    prompts (benchmarks/results/policy_ema_vs_cost_open_16.json) "cost" tied at batch 1 (more
-    compression) and was slower at batch 8 and 32, so the default did not change."""
+    """"chain" (the default, issue 14): every source (context match, engine-wide output memory, LADE pool
+    and Jacobi iterate at batch <= `pool_max_batch`) offers a candidate with a learned per-token
+    acceptance estimate (core/chain.py); the best one is drafted while its estimated commit probability
+    stays >= `chain_min_p` (`chain_busy_min_p` above `batch_size_threshold` requests, where a measured
+    guard also switches drafting off while plain decoding serves more tokens/s).  "cost": the same
+    candidates cut for the whole batch by a model of the engine's step times (core/cost_model.py; it
+    drafted too little at batch 8 and 32 after a cold start).  "ema": the earlier fixed-k policy
+    (per-request EMA floor, busy threshold, confident fallback; the keys below).  Measured side by side
+    (benchmarks/results/README.md, "policy chain"): "chain" compresses more than vLLM's suffix decoding
+    at the same k and is the faster of "chain" and "ema" at batch 1 and 8."""
     memory_tokens: int = 65536
     """Output tokens kept in the engine-wide memory of earlier outputs (core/suffix_memory.py; 0 = off),
     oldest outputs evicted first.  Isolated per LoRA adapter and tenant (SamplingParams
     extra_args["lookahead"]["tenant"]).  Memory: ~`memory_depth` dict entries per token."""
     memory_depth: int = 4
-    """Longest context (tokens) the output memory matches on."""
+    """Longest context (tokens) the output memory matches on (4: as much compression as 6 or 8 on 16
+    open prompts, at half the upkeep of 8)."""
     pool_max_batch: int = 1
-    """Policy "cost": LADE's pool and the Jacobi iterate are sources (and kept up to date) only while at
-    most this many requests run -- their drafts are accepted least often, so they pay only where draft
-    rows are cheap, and their upkeep is most of the proposer's time at large batches."""
+    """Policies "chain" and "cost": LADE's pool and the Jacobi iterate are sources (and kept up to date)
+    only while at most this many requests run -- their drafts are accepted least often (on 32 open
+    prompts at batch 1 they won 63 of ~3,800 drafts, the output memory and the context match the rest),
+    so they pay only where draft rows are cheapest, and their upkeep is the proposer's largest cost."""
     cost_margin: float = 0.02
     """Drafts are made only when the step-time model predicts at least this much more tokens/s than
     no drafts (a guard against estimation error)."""

@@ -73,7 +73,8 @@ class LookaheadDrafter:
         self.last_budget = 0  # draft tokens given to the batch in the last step
         # policies "chain" and "ema" above batch_size_threshold: draft or not, measured per batch-size bucket
         self.guards: dict[int, LayoutArbiter] = {}
-        self._guard_last: tuple[str, int, float] | None = None  # (mode, bucket, start of the step)
+        # (mode, bucket, start of the step, the ids of its rows)
+        self._guard_last: tuple[str, int, float, set[str]] | None = None
 
     def _state(self, row: RowStep) -> RequestState:
         st = self.states.get(row.req_id)
@@ -119,10 +120,13 @@ class LookaheadDrafter:
         """Policies "chain" and "ema": "chain" (draft) or "off" for the next step.  The step just done is credited
         to the mode that made its drafts (committed tokens / time between two calls); above
         ``batch_size_threshold`` rows the arbiter of the batch's bucket (17-32 rows, 33-64, ...)
-        decides, "chain" is measured first and "off" is re-tried 2 steps in 64."""
+        decides: both modes are measured first (interleaved, 8 steps each), then the loser is re-tried
+        2 steps in 64.  Only pure decode steps are credited -- the rows now all ran in the step measured
+        and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
+        slow for reasons neither mode controls."""
         now = self.clock()
         last, self._guard_last = self._guard_last, None
-        if last is not None:
+        if last is not None and all(r.new_tokens and r.req_id in last[3] for r in rows):
             self.guards[last[1]].observe(last[0], sum(len(r.new_tokens) for r in rows), now - last[2])
         if len(rows) <= self.cfg.batch_size_threshold or not any(r.new_tokens for r in rows):
             return "chain"
@@ -130,9 +134,9 @@ class LookaheadDrafter:
         arbiter = self.guards.get(bucket)
         if arbiter is None:
             arbiter = self.guards[bucket] = LayoutArbiter(("chain", "off"), explore_every=64, explore_steps=2,
-                                                          warmup_steps=4)
+                                                          warmup_steps=8)
         mode = arbiter.choose()
-        self._guard_last = (mode, bucket, now)
+        self._guard_last = (mode, bucket, now, {r.req_id for r in rows})
         return mode
 
     def _budgets(self, rows: list[RowStep], states: list[RequestState]) -> tuple[list[int], list[bool]]:
