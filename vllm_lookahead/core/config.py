@@ -94,7 +94,8 @@ class LookaheadConfig:
     drafted too little at batch 8 and 32 after a cold start).  "ema": the earlier fixed-k policy
     (per-request EMA floor, busy threshold, confident fallback; the keys below).  Measured side by side
     (benchmarks/results/README.md, "policy chain"): "chain" compresses more than vLLM's suffix decoding
-    at the same k and is the faster of "chain" and "ema" at batch 1 and 8."""
+    at batch 1 with the same k, and served more tokens/s than "ema" in 5 of 6 (prompt set, batch size)
+    cells (not on copy prompts at batch 1)."""
     memory_tokens: int = 65536
     """Output tokens kept in the engine-wide memory of earlier outputs (core/suffix_memory.py; 0 = off),
     oldest outputs evicted first.  Isolated per LoRA adapter and tenant (SamplingParams
@@ -105,7 +106,8 @@ class LookaheadConfig:
     pool_max_batch: int = 1
     """Policies "chain" and "cost": LADE's pool and the Jacobi iterate are sources (and kept up to date)
     only while at most this many requests run -- their drafts are accepted least often (on 32 open
-    prompts at batch 1 they won 63 of ~3,800 drafts, the output memory and the context match the rest),
+    prompts at batch 1 they made 63 of ~3,800 draft tokens, bench_repeats_open_32_chain.json; the
+    output memory and the context match the rest),
     so they pay only where draft rows are cheapest, and their upkeep is the proposer's largest cost."""
     cost_margin: float = 0.02
     """Drafts are made only when the step-time model predicts at least this much more tokens/s than
