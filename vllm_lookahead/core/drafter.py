@@ -1,7 +1,10 @@
 """The batch-level lookahead drafter: request states keyed by request id plus the adaptive policy.
 
 Pure Python/numpy so that it is testable without vLLM; ``vllm_lookahead.vllm.proposer`` feeds it the
-runner's rows each step.  The policy keeps lookahead from making serving slower:
+runner's rows each step.  Policies "chain" (the default) and "cost" draft every row's best candidate
+from every source (core/chain.py, ``_step_cost``), cut by its estimated commit probability; "chain"
+shares the measured throughput guard below.  Policy "ema" (the earlier default) keeps lookahead from
+making serving slower like this:
   * per request: an EMA of accepted tokens per drafted token; below ``min_acceptance`` the request
     stops drafting and only probes every ``probe_interval`` steps (not at batch sizes up to
     ``free_draft_batch_size`` (default 1), where draft rows are nearly free);
