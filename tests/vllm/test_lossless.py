@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MAX_TOKENS = 48
 BATCH_SIZES = (1, 8, 32)
-# the default policy ("chain", with the output memory and the busy-batch guard) and the earlier "ema";
+# the default policy ("ema") and "chain" (issue 14: output memory, learned cut, busy-batch guard);
 # "cost" shares chain's drafting code (core/drafter.py::_step_cost) and differs only in the cut
-LOOKAHEAD_SPECS = ("lookahead:k=4", "lookahead:k=4,policy=ema")
+LOOKAHEAD_SPECS = ("lookahead:k=4", "lookahead:k=4,policy=chain")
 
 
 @pytest.fixture(scope="module")

@@ -84,15 +84,18 @@ class LookaheadConfig:
     window: int = 0
     """W: Jacobi guesses carried from one verification to the next (0 = as many as k allows)."""
     # --- chain drafter policy (issue 14) ---
-    policy: str = "chain"
-    """"chain" (the default, issue 14): every source (context match, engine-wide output memory, LADE pool
+    policy: str = "ema"
+    """"chain" (opt-in, issue 14): every source (context match, engine-wide output memory, LADE pool
     and Jacobi iterate at batch <= `pool_max_batch`) offers a candidate with a learned per-token
     acceptance estimate (core/chain.py); the best one is drafted while its estimated commit probability
     stays >= `chain_min_p` (`chain_busy_min_p` above `batch_size_threshold` requests, where a measured
     guard also switches drafting off while plain decoding serves more tokens/s).  "cost": the same
     candidates cut for the whole batch by a model of the engine's step times (core/cost_model.py; it
-    drafted too little at batch 8 and 32 after a cold start).  "ema": the earlier fixed-k policy
-    (per-request EMA floor, busy threshold, confident fallback; the keys below).  Measured side by side
+    drafted too little at batch 8 and 32 after a cold start).  "ema" (the default): the fixed-k policy
+    (per-request EMA floor, busy threshold, confident fallback; the keys below).  Why "chain" is not the
+    default: in CI's T=1 distribution test (tests/vllm/test_lossless.py, 500 samples) it failed at one
+    token position (p = 3.7e-5, seed 99; 3 other seeds passed) -- greedy exactness holds, but losslessness
+    at T>0 with the output memory is not established, and the default must be proven lossless.  Measured side by side
     (benchmarks/results/README.md, "policy chain"): "chain" compresses more than vLLM's suffix decoding
     at batch 1 with the same k, and served more tokens/s than "ema" in 5 of 6 (prompt set, batch size)
     cells (not on copy prompts at batch 1)."""

@@ -1,9 +1,9 @@
 """The batch-level lookahead drafter: request states keyed by request id plus the adaptive policy.
 
 Pure Python/numpy so that it is testable without vLLM; ``vllm_lookahead.vllm.proposer`` feeds it the
-runner's rows each step.  Policies "chain" (the default) and "cost" draft every row's best candidate
+runner's rows each step.  Policies "chain" and "cost" (opt-in) draft every row's best candidate
 from every source (core/chain.py, ``_step_cost``), cut by its estimated commit probability; "chain"
-shares the measured throughput guard below.  Policy "ema" (the earlier default) keeps lookahead from
+shares the measured throughput guard below.  Policy "ema" (the default) keeps lookahead from
 making serving slower like this:
   * per request: an EMA of accepted tokens per drafted token; below ``min_acceptance`` the request
     stops drafting and only probes every ``probe_interval`` steps (not at batch sizes up to
