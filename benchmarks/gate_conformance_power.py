@@ -39,7 +39,9 @@ def main() -> None:
     ap.add_argument("--model", default=str(Path(__file__).resolve().parents[1] / "models" / "demo-code-4l"))
     ap.add_argument("--replicates", type=int, default=5)
     ap.add_argument("--factors", default="0.7,0.8,0.9,0.95,1.1,1.25")
-    ap.add_argument("--exact", default="none,lookahead:k=4")
+    ap.add_argument("--exact", default="none,lookahead:k=4",
+                    help="exact decoders (A/A): comma-separated specs, or ';'-separated when a spec has commas "
+                         "(\"lookahead:k=4,policy=chain;none\")")
     ap.add_argument("--real-bug", type=int, default=1, help="include OriginalExpandKernelProposer (1/0)")
     ap.add_argument("--samples-per-item", type=int, default=None, help="override the policy's value")
     ap.add_argument("--out", default="benchmarks/results/gate_conformance_power.json")
@@ -65,7 +67,7 @@ def main() -> None:
     by_id = {it.id: it for it in items}
     opts = EngineOptions(args.model, "float32", 0, None, 48)
     specs = [("baseline none (seed 0)", "none", 0)]
-    specs += [(f"A/A {s} (seed 1)", s, 1) for s in args.exact.split(",") if s]
+    specs += [(f"A/A {s} (seed 1)", s, 1) for s in args.exact.split(";" if ";" in args.exact else ",") if s]
     specs += [(f"DraftTemperature factor={f}", FAULTY + f"DraftTemperatureProposer:k=4,factor={f}", 1)
               for f in args.factors.split(",") if f]
     specs += [("real bug: original CPU expand kernel", FAULTY + "OriginalExpandKernelProposer:k=4", 1)] if args.real_bug else []

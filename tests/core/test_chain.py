@@ -221,6 +221,23 @@ def test_chain_policy_cuts_each_draft_at_its_commit_probability_floor():
     assert busy.step(rows) == [[]] * 20
 
 
+def test_chain_floor_rises_with_the_batch():
+    """The floor is chain_min_p at one row, chain_busy_min_p from batch_size_threshold rows on, and
+    rises monotonically in between (a row must beat the tokens/s of a bigger batch); a mid-size batch
+    therefore drafts a shorter prefix of the same candidate than a single request does."""
+    cfg = LookaheadConfig(policy="chain", chain_min_p=0.05, chain_busy_min_p=0.4, batch_size_threshold=16)
+    d = LookaheadDrafter(cfg, 4)
+    floors = [d.chain_floor(b) for b in range(1, 40)]
+    assert floors[0] == 0.05 and floors[15] == 0.4 and floors[-1] == 0.4
+    assert all(a <= b for a, b in zip(floors, floors[1:])) and 0.05 < floors[7] < 0.4
+    ctx = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8]
+    kw = dict(policy="chain", chain_min_p=0.0, chain_busy_min_p=0.99, batch_size_threshold=16)
+    alone = LookaheadDrafter(LookaheadConfig(**kw), 4).step([RowStep("r", ctx, len(ctx), [8], prompt_len=11)])[0]
+    rows = [RowStep(f"r{i}", ctx, len(ctx), [8], prompt_len=11) for i in range(8)]
+    mid = LookaheadDrafter(LookaheadConfig(**kw), 4).step(rows)
+    assert alone == [9, 10, 11, 12] and all(len(m) < len(alone) and m == alone[: len(m)] for m in mid)
+
+
 def test_guard_off_steps_skip_the_upkeep_and_lose_nothing():
     """While the busy-batch guard has drafting off, rows are not even observed (no proposer upkeep);
     when it is back on, the tokens committed meanwhile are indexed (context match) and stored (memory)."""

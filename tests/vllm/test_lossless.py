@@ -2,9 +2,9 @@
 
 Greedy: outputs with lookahead equal outputs without it, token for token, at batch sizes 1, 8 and 32,
 with prefix caching on and under forced preemption.  n > 1 (sampling only in vLLM) is checked for
-per-child drafting, not identity: near-greedy sampling is not greedy even without speculation.  Sampling (T=1): a chi-square test that
-the distribution of generated tokens is unchanged, with a positive control (T=1.3) that the same test
-must reject, so the test is shown to have power.  The benchmark (benchmarks/lossless.py) runs the same
+per-child drafting, not identity: near-greedy sampling is not greedy even without speculation.  Sampling (T=1): the samples are scored under
+the model without speculation (PIT per position and excess log-prob, exact nulls), with a positive
+control (T=1.3) that the same test must reject, so the test is shown to have power.  The benchmark (benchmarks/lossless.py) runs the same
 checks on 200+ prompts and adds the bfloat16 match rate next to its A/A baseline.
 """
 
@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import gc
 
+import numpy as np
 import pytest
-from lossless_support import generate_in_chunks, heldout_prompts, token_position_pvalue
+from lossless_support import generate_in_chunks, heldout_prompts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MAX_TOKENS = 48
 BATCH_SIZES = (1, 8, 32)
-# the default policy ("ema") and "chain" (issue 14: output memory, learned cut, busy-batch guard);
-# "cost" shares chain's drafting code (core/drafter.py::_step_cost) and differs only in the cut
-LOOKAHEAD_SPECS = ("lookahead:k=4", "lookahead:k=4,policy=chain")
+# the default policy ("chain", issue 14: output memory, learned cut, busy-batch guard) and "ema" (the
+# earlier default); "cost" shares chain's drafting code (core/drafter.py::_step_cost) and differs only in the cut
+LOOKAHEAD_SPECS = ("lookahead:k=4", "lookahead:k=4,policy=ema")
 
 
 @pytest.fixture(scope="module")
@@ -106,29 +107,62 @@ def test_greedy_identical_under_preemption(engine_factory):
 
 
 def test_sampling_distribution_unchanged(engine_factory):
-    """T=1: the 2nd..4th generated tokens (the first comes from prefill, before any draft) have the same
-    distribution with and without lookahead.  Chi-square homogeneity per position (Bonferroni over 3),
-    categories with few counts pooled.  Positive control: T=1.3 without lookahead must be rejected by
-    the same test, which shows the test has power at this sample size."""
+    """T=1: lookahead's samples follow the model's own distribution, token by token.  500 samples of one
+    prompt (5 tokens each) are scored under the model without speculation (the release gate's scorer,
+    ``gate.conformance.score_runs``): the randomized PIT of the tokens at positions 1-4 (position 0 comes
+    from prefill, before any draft) must be uniform (Anderson-Darling per position) and the excess
+    log-prob (sampled token's log-prob minus its expectation under the sampler's distribution) must
+    have mean 0 -- both exact nulls under correct sampling, Bonferroni over the 5 tests at 0.01.
+    Positive control: T=1.3 samples without lookahead, scored as if T=1, must be rejected.
+
+    Why not a two-sample chi-square against a `none` sample (the earlier form of this test): its verdict
+    hangs on one baseline sample.  The one it used (seed 1234) is atypical at position 2: 12 A/A `none`
+    samples against it gave p < 0.01 three times, once p = 0.0019 (below the test's 0.0033), while
+    the same 12 against each other never went below 0.05 (66 pairs;
+    ``benchmarks/results/t1_sampling_diag.json``); the one-sample test has no baseline sample to be
+    unlucky with.  The vLLM CPU expand-kernel bug this guards against put ~23% of a position's mass on
+    the draft token (vllm_lookahead/vllm/fixes.py)."""
     from vllm import SamplingParams
+
+    from quality_sidecar.detectors.conformance import excess_test, pit_test
+    from vllm_lookahead.gate.conformance import score_runs
+    from vllm_lookahead.gate.engine import RequestRecord, RunResult
 
     prompt = "    def test_repeat(self):\n        self.assertEqual(x, 1)\n        self.assertEqual(y, 2)\n        self.assertEqual("
     n = 500
-    samples: dict[str, list[list[int]]] = {}
-    drafted = 0
-    for spec, temp, seed in (("none", 1.0, 1234), ("lookahead:k=4", 1.0, 99), ("none", 1.3, 7)):
-        key = f"{spec}@{temp}"
-        llm = engine_factory(spec, seed=seed)
-        outs = llm.generate([prompt] * n, SamplingParams(temperature=temp, max_tokens=5), use_tqdm=False)
-        samples[key] = [list(o.outputs[0].token_ids) for o in outs]
-        if spec != "none":
-            drafted = sum(o.outputs[0].spec_decode_metrics.to_dict()["num_draft_tokens"] for o in outs)
-        del llm
-        gc.collect()
-    assert drafted > 0, "lookahead proposed no drafts at T=1: the test would be vacuous"
+    runs = []
 
-    alpha = 0.01 / 3
-    same = [token_position_pvalue(samples["none@1.0"], samples["lookahead:k=4@1.0"], pos) for pos in (1, 2, 3)]
-    control = [token_position_pvalue(samples["none@1.0"], samples["none@1.3"], pos) for pos in (1, 2, 3)]
-    assert min(same) > alpha, f"lookahead changed the sampling distribution: p={same}"
-    assert min(control) < alpha, f"the test could not tell T=1.0 from T=1.3 (no power): p={control}"
+    def run_of(name: str, outs, temperature: float) -> RunResult:
+        recs = [RequestRecord(item_id="p", sample=i, token_ids=list(o.outputs[0].token_ids), text="",
+                              finish_reason=o.outputs[0].finish_reason, num_prompt_tokens=len(o.prompt_token_ids),
+                              prompt_token_ids=list(o.prompt_token_ids)) for i, o in enumerate(outs)]
+        return RunResult(name=name, decoder={}, mode="batch", temperature=temperature, seed=0, wall_s=0.0, records=recs)
+
+    llm = engine_factory("lookahead:k=4", seed=99)
+    outs = llm.generate([prompt] * n, SamplingParams(temperature=1.0, max_tokens=5), use_tqdm=False)
+    drafted = sum(o.outputs[0].spec_decode_metrics.to_dict()["num_draft_tokens"] for o in outs)
+    runs.append(run_of("lookahead", outs, 1.0))
+    del llm
+    gc.collect()
+    assert drafted > 0, "lookahead proposed no drafts at T=1: the test would be vacuous"
+    scorer = engine_factory("none", seed=7)  # prefix caching on: the shared prompt is computed once
+    outs = scorer.generate([prompt] * n, SamplingParams(temperature=1.3, max_tokens=5), use_tqdm=False)
+    runs.append(run_of("control T=1.3", outs, 1.3))
+    score_runs(scorer, runs, 1.0)
+    del scorer
+    gc.collect()
+
+    def pvalues(run: RunResult) -> dict[str, float]:
+        by_pos: dict[int, list[float]] = {}
+        for sc in run.scores:
+            for j, u in enumerate(sc["pit"]):
+                by_pos.setdefault(j, []).append(u)
+        ex = np.sum([sc["excess"] for sc in run.scores], axis=0)
+        out = {f"pit_pos{j}": pit_test(by_pos[j]).pvalue for j in (1, 2, 3, 4)}
+        out["excess"] = excess_test(float(ex[0]), float(ex[1]), int(ex[2])).pvalue
+        return out
+
+    alpha = 0.01 / 5
+    same, control = pvalues(runs[0]), pvalues(runs[1])
+    assert min(same.values()) > alpha, f"lookahead changed the sampling distribution: p={same}"
+    assert min(control.values()) < alpha, f"the test could not tell T=1.0 from T=1.3 (no power): p={control}"

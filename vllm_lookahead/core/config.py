@@ -84,21 +84,21 @@ class LookaheadConfig:
     window: int = 0
     """W: Jacobi guesses carried from one verification to the next (0 = as many as k allows)."""
     # --- chain drafter policy (issue 14) ---
-    policy: str = "ema"
-    """"chain" (opt-in, issue 14): every source (context match, engine-wide output memory, LADE pool
+    policy: str = "chain"
+    """"chain" (the default, issue 14): every source (context match, engine-wide output memory, LADE pool
     and Jacobi iterate at batch <= `pool_max_batch`) offers a candidate with a learned per-token
     acceptance estimate (core/chain.py); the best one is drafted while its estimated commit probability
-    stays >= `chain_min_p` (`chain_busy_min_p` above `batch_size_threshold` requests, where a measured
-    guard also switches drafting off while plain decoding serves more tokens/s).  "cost": the same
-    candidates cut for the whole batch by a model of the engine's step times (core/cost_model.py; it
-    drafted too little at batch 8 and 32 after a cold start).  "ema" (the default): the fixed-k policy
-    (per-request EMA floor, busy threshold, confident fallback; the keys below).  Why "chain" is not the
-    default: in CI's T=1 distribution test (tests/vllm/test_lossless.py, 500 samples) it failed at one
-    token position (p = 3.7e-5, seed 99; 3 other seeds passed) -- greedy exactness holds, but losslessness
-    at T>0 with the output memory is not established, and the default must be proven lossless.  Measured side by side
-    (benchmarks/results/README.md, "policy chain"): "chain" compresses more than vLLM's suffix decoding
-    at batch 1 with the same k, and served more tokens/s than "ema" in 5 of 6 (prompt set, batch size)
-    cells (not on copy prompts at batch 1)."""
+    stays >= a floor that rises with the batch (`chain_min_p` at one request to `chain_busy_min_p` at
+    `batch_size_threshold`; above it a measured guard also switches drafting off while plain decoding
+    serves more tokens/s).  "cost": the same candidates cut for the whole batch by a model of the
+    engine's step times (core/cost_model.py; it drafted too little at batch 8 and 32 after a cold
+    start).  "ema" (the default until issue 14): the fixed-k policy (per-request EMA floor, busy
+    threshold, confident fallback; the keys below).  "chain" became the default once its T>0 sampling
+    was shown conforming: the one T=1 test failure it had (a chi-square against one `none` sample,
+    p = 3.7e-5 at seed 99) was that baseline sample's doing -- the same chain sample conforms under the
+    model's own likelihood at every position and against 12 other `none` samples
+    (benchmarks/results/t1_sampling_diag.json), and the release gate's T>0 check passes it
+    (benchmarks/results/gate_conformance_chain_s6_r4.json).  Measured side by side: benchmarks/results/README.md."""
     memory_tokens: int = 65536
     """Output tokens kept in the engine-wide memory of earlier outputs (core/suffix_memory.py; 0 = off),
     oldest outputs evicted first.  Isolated per LoRA adapter and tenant (SamplingParams
@@ -116,12 +116,15 @@ class LookaheadConfig:
     """Drafts are made only when the step-time model predicts at least this much more tokens/s than
     no drafts (a guard against estimation error)."""
     chain_min_p: float = 0.05
-    """Policy "chain": a draft token is drafted while its estimated probability of being committed (its
-    own and its predecessors' acceptance estimates, times the request's own accepted/expected history)
-    is at least this -- suffix decoding's ``min_token_prob`` rule, on learned estimates."""
+    """Policy "chain" with one running request: a draft token is drafted while its estimated probability
+    of being committed (its own and its predecessors' acceptance estimates, times the request's own
+    accepted/expected history) is at least this -- suffix decoding's ``min_token_prob`` rule, on
+    learned estimates.  With more requests the floor rises linearly to `chain_busy_min_p`
+    (``LookaheadDrafter.chain_floor``): a draft row pays when its commit probability beats what the
+    step's time would serve otherwise, and that grows with the batch."""
     chain_busy_min_p: float = 0.4
-    """Policy "chain" above `batch_size_threshold` running requests: the same floor, higher because
-    draft rows cost compute in a busy batch (the measured guard may still switch drafting off)."""
+    """Policy "chain" from `batch_size_threshold` running requests on: the floor (the measured guard may
+    still switch drafting off).  On a memory-bound GPU draft rows are cheap: a lower value may pay."""
     # --- adaptive policy ("ema") ---
     ema_decay: float = 0.7
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""

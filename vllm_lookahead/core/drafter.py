@@ -1,9 +1,9 @@
 """The batch-level lookahead drafter: request states keyed by request id plus the adaptive policy.
 
 Pure Python/numpy so that it is testable without vLLM; ``vllm_lookahead.vllm.proposer`` feeds it the
-runner's rows each step.  Policies "chain" and "cost" (opt-in) draft every row's best candidate
+runner's rows each step.  Policies "chain" (the default) and "cost" (opt-in) draft every row's best candidate
 from every source (core/chain.py, ``_step_cost``), cut by its estimated commit probability; "chain"
-shares the measured throughput guard below.  Policy "ema" (the default) keeps lookahead from
+shares the measured throughput guard below.  Policy "ema" keeps lookahead from
 making serving slower like this:
   * per request: an EMA of accepted tokens per drafted token; below ``min_acceptance`` the request
     stops drafting and only probes every ``probe_interval`` steps (not at batch sizes up to
@@ -221,7 +221,7 @@ class LookaheadDrafter:
             flat_p.extend(pc)
             owner.extend([i] * len(pc))
         if chain:
-            floor = self.cfg.chain_min_p if len(rows) <= self.cfg.batch_size_threshold else self.cfg.chain_busy_min_p
+            floor = self.chain_floor(len(rows))
             # p_cum does not increase along a draft: each row's count is its prefix above the floor
             counts = [sum(1 for x in pc if x >= floor) for _, _, pc in cands]
             if sum(counts) > self.cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
@@ -241,6 +241,18 @@ class LookaheadDrafter:
         self.last_budget = total
         self._last_step = (live, len(rows) + total, total, now)
         return out
+
+    def chain_floor(self, batch: int) -> float:
+        """Policy "chain": the commit probability a draft token needs in a batch of ``batch`` rows --
+        ``chain_min_p`` at one row, rising linearly to ``chain_busy_min_p`` at ``batch_size_threshold``
+        rows and staying there.  Why it rises: a draft token pays when its commit probability beats the
+        tokens the step's time would serve otherwise (p >= cost of one row x tokens/s), and the batch's
+        tokens/s grows with the batch while a row's cost does not shrink -- at batch 8 on the 2-core CPU
+        the batch-1 floor drafted ~23% more tokens than suffix decoding for 4% fewer steps."""
+        lo, hi, top = self.cfg.chain_min_p, self.cfg.chain_busy_min_p, self.cfg.batch_size_threshold
+        if batch >= top:
+            return hi
+        return lo + (hi - lo) * max(0, batch - 1) / max(1, top - 1)
 
     def forget(self, req_id: str) -> None:
         self.states.pop(req_id, None)
