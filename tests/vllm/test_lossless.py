@@ -120,8 +120,9 @@ def test_sampling_distribution_unchanged(engine_factory):
     samples against it gave p < 0.01 three times, once p = 0.0019 (below the test's 0.0033), while
     the same 12 against each other never went below 0.05 (66 pairs;
     ``benchmarks/results/t1_sampling_diag.json``); the one-sample test has no baseline sample to be
-    unlucky with.  The vLLM CPU expand-kernel bug this guards against put ~23% of a position's mass on
-    the draft token (vllm_lookahead/vllm/fixes.py)."""
+    unlucky with.  Power, checked by running this test body on the gate's faulty decoders: the original
+    vLLM CPU expand kernel (vllm_lookahead/vllm/fixes.py) fails it at PIT p < 1e-36 at every position,
+    a draft temperature x0.9 (T>0-only fault) on the excess test at p = 6e-6."""
     from vllm import SamplingParams
 
     from quality_sidecar.detectors.conformance import excess_test, pit_test

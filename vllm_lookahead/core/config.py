@@ -122,9 +122,12 @@ class LookaheadConfig:
     learned estimates.  With more requests the floor rises linearly to `chain_busy_min_p`
     (``LookaheadDrafter.chain_floor``): a draft row pays when its commit probability beats what the
     step's time would serve otherwise, and that grows with the batch."""
-    chain_busy_min_p: float = 0.4
+    chain_busy_min_p: float = 0.05
     """Policy "chain" from `batch_size_threshold` running requests on: the floor (the measured guard may
-    still switch drafting off).  On a memory-bound GPU draft rows are cheap: a lower value may pay."""
+    still switch drafting off).  0.05, the same as one request's: on this project's 2-core CPU a lower
+    floor served more tokens/s at batch 8 and 32 on both open and copy prompts (0.05 vs 0.25 vs 0.4,
+    benchmarks/results/chain_floor_tuning_{open,copy}_64_s1.json) -- a step's time hardly grows with
+    its draft rows there.  Raise it where draft rows cost more (the floor then rises with the batch)."""
     # --- adaptive policy ("ema") ---
     ema_decay: float = 0.7
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""

@@ -176,10 +176,9 @@ class LookaheadDrafter:
 
     def _step_cost(self, rows: list[RowStep], live: set[str]) -> list[list[int]]:
         """Policies "chain" and "cost": observe, then every row's best candidate from every source
-        (core/chain.py), cut where its estimated commit probability falls below ``chain_min_p``
-        ("chain"; ``chain_busy_min_p`` above ``batch_size_threshold`` rows, where the measured guard
-        may also switch drafting off) or for the whole batch by the step-time model ("cost",
-        core/cost_model.py)."""
+        (core/chain.py), cut where its estimated commit probability falls below ``chain_floor`` of the
+        batch ("chain"; above ``batch_size_threshold`` rows the measured guard may also switch drafting
+        off) or for the whole batch by the step-time model ("cost", core/cost_model.py)."""
         now = self.clock()
         last = self._last_step
         chain = self.cfg.policy == "chain"
@@ -210,26 +209,23 @@ class LookaheadDrafter:
                 memory.extend(row.req_id, st.isolation_key, toks[len(toks) - (row.num_tokens - start):])
             st.memory_seen = row.num_tokens
             states.append(st)
-        cands, flat_p, owner = [], [], []
-        for i, (row, st) in enumerate(zip(rows, states)):
+        cands = []
+        for row, st in zip(rows, states):
             if not row.new_tokens:  # still in prefill: nothing to draft from yet
                 cands.append(([], [], []))
                 continue
             draft, cells, pc, source = propose_chain(st, self.k, table, memory, use_pool)
             st.last_source = source
             cands.append((draft, cells, pc))
-            flat_p.extend(pc)
-            owner.extend([i] * len(pc))
         if chain:
             floor = self.chain_floor(len(rows))
             # p_cum does not increase along a draft: each row's count is its prefix above the floor
             counts = [sum(1 for x in pc if x >= floor) for _, _, pc in cands]
             if sum(counts) > self.cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
-                counts = threshold_allocate(np.asarray(flat_p, dtype=np.float64), np.asarray(owner, dtype=np.int64),
-                                            len(rows), floor, self.cfg.max_batch_draft_tokens).tolist()
+                counts = threshold_allocate(*self._flat(cands), len(rows), floor,
+                                            self.cfg.max_batch_draft_tokens).tolist()
         else:
-            counts = self.cost.allocate(np.asarray(flat_p, dtype=np.float64), np.asarray(owner, dtype=np.int64),
-                                        len(rows), max_total=self.cfg.max_batch_draft_tokens).tolist()
+            counts = self.cost.allocate(*self._flat(cands), len(rows), max_total=self.cfg.max_batch_draft_tokens).tolist()
         out = []
         total = 0
         for st, (draft, cells, pc), n in zip(states, cands, counts):
@@ -239,16 +235,24 @@ class LookaheadDrafter:
             total += n
             out.append(list(draft[:n]))
         self.last_budget = total
-        self._last_step = (live, len(rows) + total, total, now)
+        if not chain:  # the step-time model's next observation (policy "cost")
+            self._last_step = (live, len(rows) + total, total, now)
         return out
+
+    @staticmethod
+    def _flat(cands: list[tuple[list[int], list, list[float]]]) -> tuple[np.ndarray, np.ndarray]:
+        """Every candidate token's commit probability and its row, flat (for the batch-wide cuts)."""
+        flat_p = [x for _, _, pc in cands for x in pc]
+        owner = [i for i, (_, _, pc) in enumerate(cands) for _ in pc]
+        return np.asarray(flat_p, dtype=np.float64), np.asarray(owner, dtype=np.int64)
 
     def chain_floor(self, batch: int) -> float:
         """Policy "chain": the commit probability a draft token needs in a batch of ``batch`` rows --
         ``chain_min_p`` at one row, rising linearly to ``chain_busy_min_p`` at ``batch_size_threshold``
-        rows and staying there.  Why it rises: a draft token pays when its commit probability beats the
-        tokens the step's time would serve otherwise (p >= cost of one row x tokens/s), and the batch's
-        tokens/s grows with the batch while a row's cost does not shrink -- at batch 8 on the 2-core CPU
-        the batch-1 floor drafted ~23% more tokens than suffix decoding for 4% fewer steps."""
+        rows and staying there.  Why it may rise: a draft token pays when its commit probability beats
+        the tokens the step's time would serve otherwise (p >= cost of one row x tokens/s), and the
+        batch's tokens/s grows with the batch.  On the 2-core CPU a step's time hardly grows with its
+        draft rows, so the defaults keep it flat (config: ``chain_busy_min_p``)."""
         lo, hi, top = self.cfg.chain_min_p, self.cfg.chain_busy_min_p, self.cfg.batch_size_threshold
         if batch >= top:
             return hi
