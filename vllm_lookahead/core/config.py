@@ -88,9 +88,9 @@ class LookaheadConfig:
     """"chain" (the default, issue 14): every source (context match, engine-wide output memory, LADE pool
     and Jacobi iterate at batch <= `pool_max_batch`) offers a candidate with a learned per-token
     acceptance estimate (core/chain.py); the best one is drafted while its estimated commit probability
-    stays >= a floor that rises with the batch (`chain_min_p` at one request to `chain_busy_min_p` at
-    `batch_size_threshold`; above it a measured guard also switches drafting off while plain decoding
-    serves more tokens/s).  "cost": the same candidates cut for the whole batch by a model of the
+    stays >= a floor that can rise with the batch (`chain_min_p` at one request to `chain_busy_min_p` at
+    `batch_size_threshold`, both 0.05 by default; above it a measured guard also switches drafting off
+    while plain decoding serves more tokens/s).  "cost": the same candidates cut for the whole batch by a model of the
     engine's step times (core/cost_model.py; it drafted too little at batch 8 and 32 after a cold
     start).  "ema" (the default until issue 14): the fixed-k policy (per-request EMA floor, busy
     threshold, confident fallback; the keys below).  "chain" became the default once its T>0 sampling
