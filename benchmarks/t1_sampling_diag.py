@@ -41,26 +41,21 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT / "tests" / "vllm"))
     import numpy as np
-    from lossless_support import token_position_pvalue
+    from lossless_support import likelihood_pvalues, sample_run, token_position_pvalue
     from vllm import SamplingParams
 
-    from quality_sidecar.detectors.conformance import excess_test, pit_test
+    from quality_sidecar.detectors.conformance import pit_test
     from vllm_lookahead.decoders import parse_spec
     from vllm_lookahead.engine import make_llm
     from vllm_lookahead.gate.conformance import score_runs
-    from vllm_lookahead.gate.engine import RequestRecord, RunResult
 
     runs, samples = [], {}
     for arm in args.arms:
         spec, seed = arm.rsplit("@", 1)
         llm = make_llm(args.model, parse_spec(spec), max_model_len=1024, max_num_seqs=32, seed=int(seed))
         outs = llm.generate([PROMPT] * args.n, SamplingParams(temperature=1.0, max_tokens=args.max_tokens), use_tqdm=False)
-        recs = [RequestRecord(item_id="p", sample=i, token_ids=list(o.outputs[0].token_ids), text="",
-                              finish_reason=o.outputs[0].finish_reason, num_prompt_tokens=len(o.prompt_token_ids),
-                              prompt_token_ids=list(o.prompt_token_ids)) for i, o in enumerate(outs)]
-        samples[arm] = [r.token_ids for r in recs]
-        runs.append(RunResult(name=arm, decoder={"spec": spec}, mode="batch", temperature=1.0, seed=int(seed),
-                              wall_s=0.0, records=recs))
+        runs.append(sample_run(arm, outs, 1.0, seed=int(seed)))
+        samples[arm] = [r.token_ids for r in runs[-1].records]
         print(f"{arm}: {args.n} samples", file=sys.stderr)
         del llm
         gc.collect()
@@ -70,17 +65,14 @@ def main() -> None:
     out: dict = {"command": "python " + " ".join(sys.argv), "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "prompt": PROMPT, "n": args.n, "max_tokens": args.max_tokens, "temperature": 1.0, "arms": {}}
     for run in runs:
-        by_pos: dict[int, list[float]] = {}
-        for sc in run.scores:
-            for j, u in enumerate(sc["pit"]):
-                by_pos.setdefault(j, []).append(u)
+        allu = [u for sc in run.scores for u in sc["pit"]]
         ex = np.sum([sc["excess"] for sc in run.scores], axis=0)
-        allu = [u for v in by_pos.values() for u in v]
+        ps = likelihood_pvalues(run)
         out["arms"][run.name] = {
             "pit_p_all_tokens": pit_test(allu).pvalue, "mean_pit": float(np.mean(allu)),
-            "pit_p_by_position": {str(j): pit_test(v).pvalue for j, v in sorted(by_pos.items())},
+            "pit_p_by_position": {k.removeprefix("pit_pos"): p for k, p in ps.items() if k.startswith("pit_pos")},
             "excess_nats_per_token": float(ex[0] / max(1, ex[2])),
-            "excess_p": excess_test(float(ex[0]), float(ex[1]), int(ex[2])).pvalue,
+            "excess_p": ps["excess"],
             "chi2_p_vs_first_arm_pos1_3": None if run.name == base else
             [token_position_pvalue(samples[base], samples[run.name], q) for q in (1, 2, 3)]}
     if args.pairs:

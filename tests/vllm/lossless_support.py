@@ -36,3 +36,29 @@ def token_position_pvalue(a: list[list[int]], b: list[list[int]], pos: int) -> f
     if table.shape[1] < 2:
         return 1.0
     return float(stats.chi2_contingency(table)[1])
+
+
+def sample_run(name: str, outs, temperature: float, seed: int = 0):
+    """vLLM ``RequestOutput``s of T>0 samples as a gate ``RunResult`` (one record per sample), ready for
+    ``gate.conformance.score_runs``."""
+    from vllm_lookahead.gate.engine import RequestRecord, RunResult
+
+    recs = [RequestRecord(item_id="p", sample=i, token_ids=list(o.outputs[0].token_ids), text="",
+                          finish_reason=o.outputs[0].finish_reason, num_prompt_tokens=len(o.prompt_token_ids),
+                          prompt_token_ids=list(o.prompt_token_ids)) for i, o in enumerate(outs)]
+    return RunResult(name=name, decoder={}, mode="batch", temperature=temperature, seed=seed, wall_s=0.0, records=recs)
+
+
+def likelihood_pvalues(run) -> dict[str, float]:
+    """One-sample tests of a scored run under the model: Anderson-Darling p of the randomized PIT at
+    each token position (``pit_pos<j>``) and the excess log-prob test's p over all tokens (``excess``)."""
+    from quality_sidecar.detectors.conformance import excess_test, pit_test
+
+    by_pos: dict[int, list[float]] = {}
+    for sc in run.scores:
+        for j, u in enumerate(sc["pit"]):
+            by_pos.setdefault(j, []).append(u)
+    ex = np.sum([sc["excess"] for sc in run.scores], axis=0)
+    out = {f"pit_pos{j}": pit_test(v).pvalue for j, v in sorted(by_pos.items())}
+    out["excess"] = excess_test(float(ex[0]), float(ex[1]), int(ex[2])).pvalue
+    return out

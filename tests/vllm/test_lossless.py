@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import gc
 
-import numpy as np
 import pytest
-from lossless_support import generate_in_chunks, heldout_prompts
+from lossless_support import generate_in_chunks, heldout_prompts, likelihood_pvalues, sample_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -125,43 +124,27 @@ def test_sampling_distribution_unchanged(engine_factory):
     a draft temperature x0.9 (T>0-only fault) on the excess test at p = 6e-6."""
     from vllm import SamplingParams
 
-    from quality_sidecar.detectors.conformance import excess_test, pit_test
     from vllm_lookahead.gate.conformance import score_runs
-    from vllm_lookahead.gate.engine import RequestRecord, RunResult
 
     prompt = "    def test_repeat(self):\n        self.assertEqual(x, 1)\n        self.assertEqual(y, 2)\n        self.assertEqual("
     n = 500
     runs = []
-
-    def run_of(name: str, outs, temperature: float) -> RunResult:
-        recs = [RequestRecord(item_id="p", sample=i, token_ids=list(o.outputs[0].token_ids), text="",
-                              finish_reason=o.outputs[0].finish_reason, num_prompt_tokens=len(o.prompt_token_ids),
-                              prompt_token_ids=list(o.prompt_token_ids)) for i, o in enumerate(outs)]
-        return RunResult(name=name, decoder={}, mode="batch", temperature=temperature, seed=0, wall_s=0.0, records=recs)
-
     llm = engine_factory("lookahead:k=4", seed=99)
     outs = llm.generate([prompt] * n, SamplingParams(temperature=1.0, max_tokens=5), use_tqdm=False)
     drafted = sum(o.outputs[0].spec_decode_metrics.to_dict()["num_draft_tokens"] for o in outs)
-    runs.append(run_of("lookahead", outs, 1.0))
+    runs.append(sample_run("lookahead", outs, 1.0))
     del llm
     gc.collect()
     assert drafted > 0, "lookahead proposed no drafts at T=1: the test would be vacuous"
     scorer = engine_factory("none", seed=7)  # prefix caching on: the shared prompt is computed once
     outs = scorer.generate([prompt] * n, SamplingParams(temperature=1.3, max_tokens=5), use_tqdm=False)
-    runs.append(run_of("control T=1.3", outs, 1.3))
+    runs.append(sample_run("control T=1.3", outs, 1.3))
     score_runs(scorer, runs, 1.0)
     del scorer
     gc.collect()
 
-    def pvalues(run: RunResult) -> dict[str, float]:
-        by_pos: dict[int, list[float]] = {}
-        for sc in run.scores:
-            for j, u in enumerate(sc["pit"]):
-                by_pos.setdefault(j, []).append(u)
-        ex = np.sum([sc["excess"] for sc in run.scores], axis=0)
-        out = {f"pit_pos{j}": pit_test(by_pos[j]).pvalue for j in (1, 2, 3, 4)}
-        out["excess"] = excess_test(float(ex[0]), float(ex[1]), int(ex[2])).pvalue
-        return out
+    def pvalues(run) -> dict[str, float]:  # positions 1-4 (0 comes from prefill) and the excess test
+        return {k: p for k, p in likelihood_pvalues(run).items() if k != "pit_pos0"}
 
     alpha = 0.01 / 5
     same, control = pvalues(runs[0]), pvalues(runs[1])
