@@ -4,7 +4,7 @@ isolation), the step-time cost model and the drafter that combines every source 
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import numpy as np
 import pytest
@@ -50,6 +50,47 @@ def test_memory_longest_match_and_most_frequent_continuation(segs, ctx, depth):
     nxt = Counter(s[i + matched] for s in segs for i in range(len(s) - matched) if s[i:i + matched] == suffix)
     assert nxt[toks[0]] == max(nxt.values())  # a most frequent continuation (ties may differ)
     assert probs[0] == pytest.approx(nxt[toks[0]] / (sum(nxt.values()) + 1))
+
+
+@settings(max_examples=80, deadline=None)
+@given(segs=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=40), min_size=1, max_size=8),
+       ctxs=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=8), min_size=1, max_size=6),
+       depth=st.integers(1, 6), max_tokens=st.integers(1, 120))
+def test_memory_with_eviction_matches_the_surviving_outputs(segs, ctxs, depth, max_tokens):
+    """Counts subtracted on eviction (a node's most frequent child re-found when it loses counts), tables
+    rebuilt as they fill: after every extend, lookups answer exactly as the surviving outputs say."""
+    mem = SuffixMemory(max_tokens, depth)
+    alive: OrderedDict[int, list[int]] = OrderedDict()  # reference: FIFO by tokens, as documented
+    for i, s in enumerate(segs):
+        for piece in (s[:5], s[5:]):  # in pieces, as the engine adds committed tokens
+            if not piece:
+                continue
+            mem.extend(i, "k", piece)
+            alive.setdefault(i, []).extend(piece)
+            while sum(map(len, alive.values())) > max_tokens:
+                alive.popitem(last=False)
+            assert len(mem) == sum(map(len, alive.values()))
+            for ctx in ctxs:
+                toks, probs, matched = mem.lookup("k", ctx, 1)
+                want, want_m = brute_next(list(alive.values()), ctx, depth)
+                assert matched == want_m
+                if want is None:
+                    assert toks == []
+                    continue
+                suffix = ctx[len(ctx) - matched:]
+                nxt = Counter(a[j + matched] for a in alive.values() for j in range(len(a) - matched)
+                              if a[j:j + matched] == suffix)
+                assert nxt[toks[0]] == max(nxt.values())
+                assert probs[0] == pytest.approx(nxt[toks[0]] / (sum(nxt.values()) + 1))
+
+
+def test_memory_eviction_re_finds_the_most_frequent_child():
+    mem = SuffixMemory(max_tokens=12, depth=1)
+    mem.extend("old", None, [5, 6, 5, 6, 5, 6])  # after 5: 6 three times
+    mem.extend("new", None, [5, 7, 5, 7, 5, 8])  # after 5: 7 twice, 8 once
+    assert mem.lookup(None, [5], 1)[0] == [6]
+    mem.extend("newer", None, [1])  # 13 tokens: the old output goes, and the 6s with it
+    assert mem.lookup(None, [5], 1) == ([7], [pytest.approx(2 / 4)], 1)
 
 
 def test_memory_is_bounded_by_tokens_and_evicts_oldest_first():

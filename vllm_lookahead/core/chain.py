@@ -87,6 +87,17 @@ def history_factor(st: RequestState) -> float:
     return min(max((st.hist_accepted + 1.0) / (st.hist_expected + 1.0), 0.3), 1.6)
 
 
+def _better(best: tuple[float, list[int], list[int], list[float], str], draft: list[int], cells: list[int],
+            source: str, p: list[float], rho: float) -> tuple[float, list[int], list[int], list[float], str]:
+    """``best`` or the candidate (draft, cells, source), whichever has more expected committed tokens."""
+    acc, pc, total = 1.0, [], 0.0
+    for c in cells:
+        acc *= min(p[c] * rho, 0.98)
+        pc.append(acc)
+        total += acc
+    return (total, draft, cells, pc, source) if total > best[0] else best
+
+
 def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: SuffixMemory | None,
                   use_pool: bool) -> tuple[list[int], list[int], list[float], str]:
     """The best candidate of every source for ``st``: (tokens, cells, p_cum per token, source).
@@ -99,26 +110,16 @@ def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: Suff
         return [], [], [], SOURCE_NONE
     p = table.p
     rho = history_factor(st)
+    # the best so far: (expected committed tokens, tokens, cells, p_cum per token, source)
     best: tuple[float, list[int], list[int], list[float], str] = (0.0, [], [], [], SOURCE_NONE)
-
-    def consider(draft: list[int], cells: list[int], source: str) -> None:
-        nonlocal best
-        acc, pc, total = 1.0, [], 0.0
-        for c in cells:
-            acc *= min(p[c] * rho, 0.98)
-            pc.append(acc)
-            total += acc
-        if total > best[0]:
-            best = (total, draft, cells, pc, source)
-
     cont, m = st.index.lookup(k)
     if cont:
-        consider(list(cont), list(_CELLS[ctx_bucket(m)][len(cont)]), SOURCE_CONTEXT)
+        best = _better(best, cont, list(_CELLS[ctx_bucket(m)][len(cont)]), SOURCE_CONTEXT, p, rho)
     if memory is not None:
         mt, mp, mm = memory.lookup(st.isolation_key, toks[-memory.depth :], k)
         if mt:
-            consider(mt, [mem_bucket(mm, f) * DEPTHS + min(j, DEPTHS - 1) for j, f in enumerate(mp)],
-                     SOURCE_MEMORY)
+            best = _better(best, mt, [mem_bucket(mm, f) * DEPTHS + min(j, DEPTHS - 1) for j, f in enumerate(mp)],
+                           SOURCE_MEMORY, p, rho)
     if use_pool:
         jac = st.jacobi
         cands = st.pool.get(toks[-1])
@@ -132,10 +133,10 @@ def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: Suff
                     break
                 draft.extend(nxt[0][: k - len(draft)])
             draft = draft[:k]
-            consider(draft, list(_CELLS[POOL0 if agree else POOL0 + 1][len(draft)]), SOURCE_POOL)
+            best = _better(best, draft, list(_CELLS[POOL0 if agree else POOL0 + 1][len(draft)]), SOURCE_POOL, p, rho)
         if jac:
             jd = jac[:k]
-            consider(list(jd), list(_CELLS[JAC0][len(jd)]), SOURCE_JACOBI)
+            best = _better(best, list(jd), list(_CELLS[JAC0][len(jd)]), SOURCE_JACOBI, p, rho)
     _, draft, cells, pc, source = best
     if draft and len(draft) < k and memory is not None and source in (SOURCE_CONTEXT, SOURCE_MEMORY):
         # a short context/memory chain continues with what the memory says follows it

@@ -34,6 +34,7 @@ import numpy as np
 from .arbiter import LayoutArbiter
 from .chain import AcceptanceTable, propose_chain
 from .config import LookaheadConfig
+from .context_index import ContextIndex
 from .cost_model import StepCostModel, threshold_allocate
 from .pool import NGramPool
 from .state import SOURCE_NONE, RequestState
@@ -54,10 +55,24 @@ class RowStep:
     isolation_key: Hashable = None  # whose outputs this request may draft from (LoRA, tenant); read once
 
 
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) the context scan and the output memory's kernels now, so
+    that the first requests' steps do not pay it -- nor does the busy-batch guard, which would measure
+    drafting as slow while a kernel compiles."""
+    index = ContextIndex(1, 4)
+    index.extend([1, 2, 1])
+    index.lookup(2)
+    memory = SuffixMemory(8, 2)
+    memory.extend("warm-up", None, [1, 2, 1, 2])
+    memory.lookup(None, [1], 2)
+    memory.forget("warm-up")
+
+
 class LookaheadDrafter:
     def __init__(self, cfg: LookaheadConfig, num_speculative_tokens: int):
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        compile_kernels()
         self.cfg = cfg
         self.k = num_speculative_tokens
         self.states: dict[str, RequestState] = {}

@@ -4,27 +4,33 @@ A model repeats its own output across requests (boilerplate, idioms, the answer 
 vLLM's suffix decoding (arctic-inference's ``SuffixDecodingCache``) exploits that with a suffix tree
 over earlier responses, drafting the most frequent continuation of the longest matching suffix and
 stopping where a token's estimated probability (child count / parent count) falls below a floor.
-This is the same idea with a flat structure that is cheap in Python:
+This is the same idea with flat hash tables:
 
 * for every output token t and every context length m = 1..``depth``, the m tokens before t are a
-  *context*; ``counts[(key, ctx)]`` holds how often each next token followed it (a suffix-tree node and
-  its children's counts, in one dict);
+  *context*; a node per context holds how often it was followed by anything (``total``) and its most
+  frequent next token (``best``, with its count); a child entry per (context, next token) holds that
+  pair's count -- a suffix-tree node and its children's counts;
 * a lookup tries the longest context first (``depth`` down to 1), then walks greedily: the most
-  frequent child, its probability count/total, and on with the context shifted by that token;
+  frequent child, its probability count/(total+1), and on with the context shifted by that token;
 * **bounded by tokens**: every output is stored once as a segment; when the stored tokens exceed
   ``max_tokens`` the oldest segments are evicted (their counts subtracted), FIFO like arctic's cache;
-* **isolated**: every entry is keyed by an isolation key (LoRA adapter, tenant, ...) -- a request
+* **isolated**: every context is keyed by an isolation key (LoRA adapter, tenant, ...) -- a request
   only ever matches outputs stored under its own key, so one tenant's outputs never steer another
   tenant's drafts (and cannot leak through them).
 
 Only outputs are stored (never prompts: they are the client's data, not the model's habits).
 
-A context is one int: its tokens packed ``SHIFT`` bits each (the last token lowest) under a marker bit
-that encodes its length, rolled forward token by token.  Why: the memory is extended with every
-committed token of every request, ``depth`` contexts per token; as tuples that was a tuple per context
-(allocated, hashed over m items, tracked by the garbage collector) and two thirds of policy "cost"'s
-proposer time at batch 32 (benchmarks/proposer_cost.py).  Packing is exact -- no collisions -- for
-token ids below 2**SHIFT (vLLM keeps them in int32), and each isolation key has its own dict.
+Why compiled (numba) open-addressing tables: the memory is extended with every committed token of
+every request, ``depth`` contexts per token, on the proposer's per-step path.  As Python dicts keyed by
+packed contexts that was the largest part of policy "chain"'s proposer time at batch 32 (a 128-bit
+packed key per context is a big-int allocation per operation).  Keys here are 64-bit hashes of
+(isolation key, context): two contexts colliding is ~n^2/2^64 unlikely, and would only cost a
+rejected draft token -- verification, not the memory, decides what is committed.
+
+Each node also lists its children (a linked list through the child table), so eviction stays exact:
+when a node's most frequent child loses counts, the node's children are compared again.  Entries are
+never removed from the tables (a context no output follows any more has a zero count and is treated as
+unseen); when the tables fill they are rebuilt from the surviving segments, which drops the dead ones.
 """
 
 from __future__ import annotations
@@ -32,19 +38,140 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from .context_index import SHIFT  # one token-packing width for every packed key in core/
+import numpy as np
+from numba import njit
+
+_SEED = np.uint64(0x5DEECE66D)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_TWO = np.uint64(2)
+_EMPTY = np.uint64(0)
 
 
-def _pack(tokens: Sequence[int]) -> int:
-    """The tokens packed, the last lowest (without the length marker)."""
-    v = 0
-    for t in tokens:
-        v = (v << SHIFT) | int(t)
-    return v
+@njit(inline="always")
+def _mix(h, t):
+    """splitmix64 of ``h`` combined with the non-negative integer ``t``."""
+    z = h + _GOLD + np.uint64(t)
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(inline="always")
+def _slot(keys, h):
+    """Linear probing: the slot holding ``h``, or the empty slot where it would go."""
+    mask = np.uint64(len(keys) - 1)
+    i = h & mask
+    while keys[i] != h and keys[i] != _EMPTY:
+        i = (i + np.uint64(1)) & mask
+    return i
+
+
+@njit(cache=True, nogil=True)
+def _add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kid, arr, start, depth, sign):
+    """Count (``sign`` +1) or uncount (-1) every (context, next token) pair for the tokens
+    ``arr[start:]``; ``arr[:start]`` are the segment's tokens before them (at most ``depth``).
+    ``meta``: [live nodes, used node slots, used child slots]."""
+    for i in range(start, len(arr)):
+        t = arr[i]
+        h = _mix(_SEED, kid)
+        for m in range(1, min(i, depth) + 1):
+            h = _mix(h, arr[i - m])
+            key = h | _TWO  # never 0 (the empty marker)
+            s = _slot(nk, key)
+            if nk[s] == _EMPTY:
+                nk[s] = key
+                ntot[s] = 0
+                nbest[s] = t
+                nbestc[s] = 0
+                nfirst[s] = -1
+                meta[1] += 1
+            if ntot[s] == 0 and sign > 0:
+                meta[0] += 1
+            ntot[s] += sign
+            if ntot[s] == 0:
+                meta[0] -= 1
+            ckey = _mix(key, t) | _TWO
+            j = _slot(ck, ckey)
+            if ck[j] == _EMPTY:
+                ck[j] = ckey
+                cc[j] = 0
+                ctok[j] = t
+                cnext[j] = nfirst[s]  # the node's children, newest first
+                nfirst[s] = j
+                meta[2] += 1
+            cc[j] += sign
+            if sign > 0:
+                if cc[j] > nbestc[s]:
+                    nbest[s] = t
+                    nbestc[s] = cc[j]
+            elif nbest[s] == t:  # the most frequent child lost a count: compare the children again
+                nbestc[s] = cc[j]
+                c = nfirst[s]
+                while c >= 0:
+                    if cc[c] >= nbestc[s]:  # ties: the oldest child (the list runs newest first)
+                        nbest[s] = ctok[c]
+                        nbestc[s] = cc[c]
+                    c = cnext[c]
+
+
+@njit(cache=True, nogil=True)
+def _find(nk, ntot, kid, buf, end, length):
+    """Slot of the node for the ``length`` tokens before ``buf[end]``, or -1 if unseen (or dead)."""
+    h = _mix(_SEED, kid)
+    for m in range(1, length + 1):
+        h = _mix(h, buf[end - m])
+    key = h | _TWO
+    s = _slot(nk, key)
+    if nk[s] == _EMPTY or ntot[s] <= 0:
+        return -1
+    return np.int64(s)
+
+
+@njit(cache=True, nogil=True)
+def _lookup(nk, ntot, nbest, nbestc, kid, buf, n, depth, max_tokens, min_prob, out_p):
+    """Greedy walk from the longest stored suffix of ``buf[:n]``; the drafted tokens are written to
+    ``buf[n:]`` and their probabilities to ``out_p``.  Returns (tokens drafted, matched length)."""
+    lo, hi, node = 0, min(n, depth), -1
+    # every suffix of a stored context is stored too: "stored" is monotone in the length
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        s = _find(nk, ntot, kid, buf, n, mid)
+        if s >= 0:
+            lo, node = mid, s
+        else:
+            hi = mid - 1
+    if node < 0:
+        return 0, 0
+    matched = length = lo
+    out = 0
+    end = n
+    while True:
+        p = nbestc[node] / (ntot[node] + 1.0)  # +1: a continuation seen once is no certainty
+        if p < min_prob:
+            break
+        buf[end] = nbest[node]
+        out_p[out] = p
+        out += 1
+        end += 1
+        if out >= max_tokens:
+            break
+        length = min(length + 1, depth)
+        node = _find(nk, ntot, kid, buf, end, length)
+        while node < 0 and length > 1:  # shorten the context until it was seen
+            length -= 1
+            node = _find(nk, ntot, kid, buf, end, length)
+        if node < 0:
+            break
+    return out, matched
 
 
 class SuffixMemory:
     """Counts of next tokens after every context of up to ``depth`` output tokens, per isolation key."""
+
+    _MIN_SLOTS = 1 << 10
+    _MAX_FIRST_SLOTS = 1 << 16
 
     def __init__(self, max_tokens: int, depth: int = 6) -> None:
         if max_tokens < 0:
@@ -53,79 +180,80 @@ class SuffixMemory:
             raise ValueError(f"depth must be in 1..32, got {depth}")
         self.max_tokens = max_tokens
         self.depth = depth
-        # key -> {packed context: {next token: count}}; the sum of the counts is kept under None and the
-        # most frequent next token under -1 (token ids are >= 0), so a walk never scans a node's children
-        self._children: dict[Hashable, dict[int, dict[int | None, int]]] = {}
-        # segment id -> [key, tokens, packed last `depth` tokens]
+        self._kids: dict[Hashable, int] = {}  # isolation key -> the integer mixed into its hashes
+        # segment id -> [isolation key, tokens]
         self._segments: OrderedDict[Hashable, list] = OrderedDict()
-        self._masks = [0] + [(1 << (SHIFT * m)) - 1 for m in range(1, depth + 1)]
-        self._marks = [1 << (SHIFT * m) for m in range(depth + 1)]  # length marker of an m-token context
         self.tokens = 0
+        # sized for about a quarter of a full memory's contexts (<= 64k slots, ~2.6 MB): a growing
+        # memory is rebuilt a few times, not once per doubling from the smallest size
+        slots = self._MIN_SLOTS
+        while slots < min(depth * max_tokens // 4, self._MAX_FIRST_SLOTS):
+            slots <<= 1
+        self._alloc(slots)
+
+    def _alloc(self, slots: int) -> None:
+        i32 = np.int32  # counts stay below max_tokens (<= 1e8), slots and token ids below 2**31
+        self._nk = np.zeros(slots, dtype=np.uint64)  # node keys (0 = empty slot)
+        self._ntot = np.zeros(slots, dtype=i32)  # times the context was followed by a token
+        self._nbest = np.zeros(slots, dtype=i32)  # its most frequent next token ...
+        self._nbestc = np.zeros(slots, dtype=i32)  # ... and that token's count
+        self._nfirst = np.full(slots, -1, dtype=i32)  # its newest child's slot (-1: none)
+        self._ck = np.zeros(slots, dtype=np.uint64)  # child keys: hash of (node key, next token)
+        self._cc = np.zeros(slots, dtype=i32)  # child counts
+        self._ctok = np.zeros(slots, dtype=i32)  # child tokens
+        self._cnext = np.full(slots, -1, dtype=i32)  # the next (older) child of the same node
+        self._meta = np.zeros(3, dtype=np.int64)  # live nodes, used node slots, used child slots
 
     def __len__(self) -> int:
         """Stored output tokens (all keys)."""
         return self.tokens
 
     def num_contexts(self) -> int:
-        """Stored contexts (suffix-tree nodes), all keys."""
-        return sum(len(nodes) for nodes in self._children.values())
+        """Stored contexts (suffix-tree nodes) that some stored output still follows, all keys."""
+        return int(self._meta[0])
+
+    def _add(self, kid: int, arr: np.ndarray, start: int, sign: int) -> None:
+        _add(self._nk, self._ntot, self._nbest, self._nbestc, self._nfirst, self._ck, self._cc, self._ctok,
+             self._cnext, self._meta, kid, arr, start, self.depth, sign)
+
+    def _rebuild(self, room: int) -> None:
+        """Fresh tables sized for the surviving segments plus ``room`` new entries (load <= 1/4),
+        refilled from the segments: entries no stored output follows any more are dropped."""
+        need = 4 * (self.depth * self.tokens + room)
+        slots = self._MIN_SLOTS
+        while slots < need:
+            slots <<= 1
+        self._alloc(slots)
+        for key, toks in self._segments.values():
+            self._add(self._kids[key], np.asarray(toks, dtype=np.int64), 0, 1)
 
     def extend(self, seg_id: Hashable, key: Hashable, new_tokens: Sequence[int]) -> None:
         """Append ``new_tokens`` to the output segment ``seg_id`` (created on first use) under ``key``."""
-        if self.max_tokens == 0 or not new_tokens:
+        if self.max_tokens == 0 or not len(new_tokens):
             return
         entry = self._segments.get(seg_id)
         if entry is None:
-            entry = self._segments[seg_id] = [key, [], 0]
+            entry = self._segments[seg_id] = [key, []]
         elif entry[0] != key:
             raise ValueError(f"segment {seg_id!r} was started under another isolation key")
-        toks, roll = entry[1], entry[2]
-        nodes = self._children.get(key)
-        if nodes is None:
-            nodes = self._children[key] = {}
-        depth, masks, marks = self.depth, self._masks, self._marks
-        for t in new_tokens:
-            t = int(t)
-            for m in range(1, min(len(toks), depth) + 1):  # the m tokens before t
-                ctx = (roll & masks[m]) | marks[m]
-                node = nodes.get(ctx)
-                if node is None:
-                    nodes[ctx] = {None: 1, -1: t, t: 1}
-                    continue
-                node[None] += 1
-                c = node[t] = node.get(t, 0) + 1
-                if c > node[node[-1]]:
-                    node[-1] = t
-            toks.append(t)
-            roll = ((roll << SHIFT) | t) & masks[depth]
-        entry[2] = roll
-        self.tokens += len(new_tokens)
+        kid = self._kids.get(key)
+        if kid is None:
+            kid = self._kids[key] = len(self._kids)
+        toks = entry[1]
+        new = new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens]
+        grow = self.depth * len(new)
+        if 2 * (max(self._meta[1], self._meta[2]) + grow) > len(self._nk):  # keep the load <= 1/2
+            self._rebuild(grow)
+        prev = toks[-self.depth :] if toks else []
+        self._add(kid, np.asarray(prev + new, dtype=np.int64), len(prev), 1)
+        toks.extend(new)
+        self.tokens += len(new)
         while self.tokens > self.max_tokens and self._segments:
             self._evict_oldest()
 
     def _evict_oldest(self) -> None:
-        _, (key, toks, _roll) = self._segments.popitem(last=False)
-        nodes = self._children[key]
-        depth, masks, marks = self.depth, self._masks, self._marks
-        roll = 0
-        for n, t in enumerate(toks):
-            for m in range(1, min(depth, n) + 1):
-                ctx = (roll & masks[m]) | marks[m]
-                node = nodes[ctx]
-                node[None] -= 1
-                if not node[None]:
-                    del nodes[ctx]
-                    continue
-                left = node[t] - 1
-                if left:
-                    node[t] = left
-                else:
-                    del node[t]
-                if node[-1] == t:  # the most frequent child lost a count: find the new one (rare)
-                    node[-1] = max((k for k in node if k is not None and k >= 0), key=node.__getitem__)
-            roll = ((roll << SHIFT) | t) & masks[depth]
-        if not nodes:
-            del self._children[key]
+        _, (key, toks) = self._segments.popitem(last=False)
+        self._add(self._kids[key], np.asarray(toks, dtype=np.int64), 0, -1)
         self.tokens -= len(toks)
 
     def lookup(self, key: Hashable, context: Sequence[int], max_tokens: int,
@@ -135,46 +263,19 @@ class SuffixMemory:
         Returns (tokens, frequency of each token given the previous ones (count / (context total + 1)),
         matched context length); ([], [], 0) when no suffix of ``context`` was ever followed by output.
         Stops at ``max_tokens`` tokens or before a token whose probability is below ``min_prob``."""
-        nodes = self._children.get(key)
-        if max_tokens <= 0 or not nodes:
+        kid = self._kids.get(key)
+        if max_tokens <= 0 or kid is None or not self.tokens:
             return [], [], 0
-        depth, masks, marks = self.depth, self._masks, self._marks
-        n = len(context)
-        tail = context[n - depth :] if n > depth else context
-        roll = _pack(tail)
-        # Every suffix of a stored context is stored too, so "stored" is monotone in the length:
-        # binary search for the longest (3 look-ups at depth 8 instead of up to 8).
-        lo, hi, node = 0, len(tail), None
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            found = nodes.get((roll & masks[mid]) | marks[mid])
-            if found is not None:
-                lo, node = mid, found
-            else:
-                hi = mid - 1
-        if node is None:
+        tail = list(context[-self.depth :])
+        n = len(tail)
+        buf = np.empty(n + max_tokens, dtype=np.int64)
+        buf[:n] = tail
+        probs = np.empty(max_tokens, dtype=np.float64)
+        out, matched = _lookup(self._nk, self._ntot, self._nbest, self._nbestc, kid, buf, n, self.depth,
+                               max_tokens, min_prob, probs)
+        if not out:
             return [], [], 0
-        matched = length = lo
-        out: list[int] = []
-        probs: list[float] = []
-        while True:
-            best = node[-1]
-            p = node[best] / (node[None] + 1)  # +1: a continuation seen once is no certainty
-            if p < min_prob:
-                break
-            out.append(best)
-            probs.append(p)
-            if len(out) >= max_tokens:
-                break
-            roll = ((roll << SHIFT) | best) & masks[depth]
-            length = min(length + 1, depth)
-            node = nodes.get((roll & masks[length]) | marks[length])
-            while node is None and length > 1:  # shorten the context until it was seen
-                length -= 1
-                node = nodes.get((roll & masks[length]) | marks[length])
-            if node is None:
-                break
-        return out, probs, matched
+        return buf[n : n + out].tolist(), probs[:out].tolist(), int(matched)
 
     def forget(self, seg_id: Hashable) -> None:
         """Drop one segment now (e.g. an aborted request whose output should not be reused)."""

@@ -35,7 +35,7 @@ from vllm_lookahead.core.config import ALIASES, LIMITS
 from vllm_lookahead.core.lade import LadeState
 
 from . import lade2d
-from .fixes import fix_cpu_expand_if_broken
+from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken
 from .runner_patch import install_runner_hook
 from .version import check_vllm_version
 
@@ -79,6 +79,9 @@ class LookaheadProposer:
         # the worker patches (patches.PATCHES), and fix vLLM's CPU expand kernel if the probe finds it
         # broken (T>0 speculative sampling, fixes.py).  None of this happens where lookahead is not used.
         check_vllm_version()
+        # core/context_index.py is compiled with numba: a second engine started later in this process
+        # must survive the import (fixes.py, safe_rebind_kernels; a no-op where the scan is fine)
+        apply_tool_fixes()
         install_runner_hook()
         logger.info("vllm-lookahead: %s", fix_cpu_expand_if_broken())
         spec = vllm_config.speculative_config
@@ -126,7 +129,14 @@ class LookaheadProposer:
             return
         import torch
 
-        if self.config.layout != "2d" and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        cfg = self.config
+        if (cfg.layout != "2d" and cfg.policy in ("chain", "cost")
+                and len(runner.input_batch.req_ids) > cfg.pool_max_batch):
+            # the target argmax feeds only the Jacobi iterate and the pool's trajectories, which these
+            # policies skip above `pool_max_batch` rows: keep the verified counts, not the argmax
+            self._captured = (list(runner.input_batch.req_ids), None, list(spec_decode_metadata.num_draft_tokens))
+            return
+        if cfg.layout != "2d" and logits.device.type == "cpu" and logits.dtype == torch.float32:
             # numpy's argmax over a CPU float32 batch is ~10x faster than torch's (26 vs 310 us for
             # 90 rows x 4096 on one thread): the capture is on every step's critical path
             self._captured = (list(runner.input_batch.req_ids), logits.detach().numpy().argmax(axis=-1),
@@ -174,14 +184,17 @@ class LookaheadProposer:
         req_ids = batch.req_ids
         captured = self._captured
         self._captured = None
-        argmax_rows: dict[str, tuple[int, np.ndarray]] = {}
+        argmax_rows: dict[str, tuple[int, np.ndarray | None]] = {}
         if captured is not None:
             cap_ids, argmax, num_draft = captured
-            flat = argmax.numpy() if hasattr(argmax, "numpy") else np.asarray(argmax)
-            offset = 0
-            for rid, nd in zip(cap_ids, num_draft):
-                argmax_rows[rid] = (nd, flat[offset : offset + nd + 1])
-                offset += nd + 1
+            if argmax is None:
+                argmax_rows = {rid: (nd, None) for rid, nd in zip(cap_ids, num_draft)}
+            else:
+                flat = argmax.numpy() if hasattr(argmax, "numpy") else np.asarray(argmax)
+                offset = 0
+                for rid, nd in zip(cap_ids, num_draft):
+                    argmax_rows[rid] = (nd, flat[offset : offset + nd + 1])
+                    offset += nd + 1
         step2d, self._step2d = self._step2d, None
         ran_2d = {req.req_id: req for req in step2d.requests} if step2d is not None else {}
         rows = []
