@@ -326,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         print("vllm-lookahead bench: --repeats must be >= 1", file=sys.stderr)
         return 2
+    code = code_version()  # read before the runs: the code that ran, not what the tree holds afterwards
     runs: list[list[dict[str, Any]]] = []  # runs[repeat][method index]
     load: list[dict[str, Any]] = []
     for rep in range(args.repeats):
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype, "batching": args.batching, "machine": {"cpu_count": __import__("os").cpu_count(),
                                                              "platform": platform.platform()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "repeats": args.repeats, "load": load,
+        "repeats": args.repeats, "load": load, "code": code,
         "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
         "results": [{**r, "by_batch_size": {b: {k: v for k, v in m.items() if k != "token_ids"}
                                             for b, m in r["by_batch_size"].items()}} for r in results],
@@ -368,6 +369,22 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, reference, plot_path)
         print(f"[bench] wrote {plot_path}", file=sys.stderr)
     return 0
+
+
+def code_version() -> dict[str, Any] | None:
+    """The git commit of this package's checkout and whether tracked files differ from it (a result
+    should name the code it measured); None outside a git checkout (an installed wheel)."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(dirty)}
 
 
 def _load() -> dict[str, Any]:

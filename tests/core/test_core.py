@@ -312,3 +312,18 @@ def test_busy_batch_guard_stops_drafting_where_plain_decoding_is_faster(policy):
     d.step(rows + [RowStep("new", [1, 2, 3], 3, [3], prompt_len=2)])
     d.step(rows[:5] + [RowStep(f"r{i}", [1, 2, 3], 3, [], prompt_len=2) for i in range(5, 20)])
     assert sum(s["steps"] for s in d.guards[32].summary().values()) == 0
+
+
+def test_compiled_kernels_work_where_numba_cannot_cache():
+    """numba refuses ``cache=True`` when it finds no writable cache location for a function's source;
+    a function defined by exec() has no source file, a real case of that refusal (no mock).  The
+    wrapper must still return a working compiled function."""
+    from numba import njit
+
+    from vllm_lookahead.core.jit import compiled
+
+    scope: dict = {}
+    exec("def twice(x):\n    return 2 * x\n", scope)
+    with pytest.raises(RuntimeError, match="cannot cache"):
+        njit(cache=True)(scope["twice"])
+    assert compiled(scope["twice"])(21) == 42

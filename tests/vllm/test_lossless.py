@@ -29,6 +29,8 @@ def greedy_runs(engine_factory):
     """Token ids per decoder and batch size, plus lookahead's spec-decode counters."""
     from vllm import SamplingParams
 
+    from vllm_lookahead.vllm.proposer import PROFILE
+
     prompts = heldout_prompts()
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     runs: dict[str, dict] = {}
@@ -39,6 +41,9 @@ def greedy_runs(engine_factory):
             outs = generate_in_chunks(llm, prompts, bs, sp)
             runs[spec][bs] = [list(o.outputs[0].token_ids) for o in outs]
             runs[spec][f"metrics{bs}"] = [o.outputs[0].spec_decode_metrics for o in outs]
+            # the drafter's own account so far: verifications it learnt from (acceptance table)
+            drafter = PROFILE.drafter if spec != "none" else None
+            runs[spec][f"learnt{bs}"] = sum(drafter.table.evaluated) if drafter is not None else 0.0
         # prefix caching: the same prompts again hit the cache
         runs[spec]["cached"] = [list(o.outputs[0].token_ids) for o in generate_in_chunks(llm, prompts, 8, sp)]
         # n > 1 (vLLM allows it only when sampling): each child is its own request id for the drafter
@@ -70,6 +75,15 @@ def test_lookahead_really_speculated(greedy_runs, spec):
         drafted += d["num_draft_tokens"]
         accepted += d["num_accepted_draft_tokens"]
     assert drafted > 0 and accepted > 0.2 * drafted, (drafted, accepted)
+
+
+def test_verification_outcomes_reach_the_drafter_at_every_batch_size(greedy_runs):
+    """Above `pool_max_batch` rows the proposer skips the target argmax (only the Jacobi iterate used it)
+    but must still pass each row's verified draft count: without it the default policy's acceptance
+    table would stop learning at batch 8 and 32."""
+    _, runs = greedy_runs
+    learnt = [runs["lookahead:k=4"][f"learnt{bs}"] for bs in BATCH_SIZES]
+    assert learnt[0] > 0 and learnt[1] > learnt[0] and learnt[2] > learnt[1], learnt
 
 
 def test_prefix_caching(greedy_runs):

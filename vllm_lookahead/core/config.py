@@ -102,7 +102,8 @@ class LookaheadConfig:
     memory_tokens: int = 65536
     """Output tokens kept in the engine-wide memory of earlier outputs (core/suffix_memory.py; 0 = off),
     oldest outputs evicted first.  Isolated per LoRA adapter and tenant (SamplingParams
-    extra_args["lookahead"]["tenant"]).  Memory: ~`memory_depth` dict entries per token."""
+    extra_args["lookahead"]["tenant"]).  Memory: at most `memory_depth` (context, next token) entries per
+    token, 44 bytes each in tables kept a quarter to half full (23-46 MB at the defaults, worst case)."""
     memory_depth: int = 4
     """Longest context (tokens) the output memory matches on (4: as much compression as 6 or 8 on 16
     open prompts, at half the upkeep of 8)."""

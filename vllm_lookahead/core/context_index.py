@@ -13,10 +13,11 @@ serves here (bounded by ``max_prompt_index_tokens`` of prompt plus the output).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .jit import compiled
 
 
-@njit(cache=True, nogil=True)
+@compiled
 def longest_suffix_match(toks: np.ndarray, n: int, min_match: int, max_match: int) -> tuple[int, int]:
     """(end, length) of the most recent earlier occurrence of the longest suffix of ``toks[:n]`` with
     ``min_match <= length <= max_match``; (-1, 0) if none.  "Earlier": the occurrence ends before ``n``

@@ -41,6 +41,8 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 from numba import njit
 
+from .jit import compiled
+
 _SEED = np.uint64(0x5DEECE66D)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -68,7 +70,7 @@ def _slot(keys, h):
     return i
 
 
-@njit(cache=True, nogil=True)
+@compiled
 def _add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kid, arr, start, depth, sign):
     """Count (``sign`` +1) or uncount (-1) every (context, next token) pair for the tokens
     ``arr[start:]``; ``arr[:start]`` are the segment's tokens before them (at most ``depth``).
@@ -116,7 +118,7 @@ def _add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kid, arr, s
                     c = cnext[c]
 
 
-@njit(cache=True, nogil=True)
+@compiled
 def _find(nk, ntot, kid, buf, end, length):
     """Slot of the node for the ``length`` tokens before ``buf[end]``, or -1 if unseen (or dead)."""
     h = _mix(_SEED, kid)
@@ -129,7 +131,7 @@ def _find(nk, ntot, kid, buf, end, length):
     return np.int64(s)
 
 
-@njit(cache=True, nogil=True)
+@compiled
 def _lookup(nk, ntot, nbest, nbestc, kid, buf, n, depth, max_tokens, min_prob, out_p):
     """Greedy walk from the longest stored suffix of ``buf[:n]``; the drafted tokens are written to
     ``buf[n:]`` and their probabilities to ``out_p``.  Returns (tokens drafted, matched length)."""
@@ -219,7 +221,7 @@ class SuffixMemory:
     def _rebuild(self, room: int) -> None:
         """Fresh tables sized for the surviving segments plus ``room`` new entries (load <= 1/4),
         refilled from the segments: entries no stored output follows any more are dropped."""
-        need = 4 * (self.depth * self.tokens + room)
+        need = 4 * (int(max(self._meta[1], self._meta[2])) + room)  # used now >= live after the rebuild
         slots = self._MIN_SLOTS
         while slots < need:
             slots <<= 1
