@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
+from vllm_lookahead.core.context_index import ContextIndex
 from vllm_lookahead.core.cost_model import StepCostModel
 from vllm_lookahead.core.simulate import simulate
 from vllm_lookahead.core.suffix_memory import SuffixMemory
@@ -60,18 +61,27 @@ def test_memory_with_eviction_matches_the_surviving_outputs(segs, ctxs, depth, m
     """Counts subtracted on eviction (a node's most frequent child re-found when it loses counts), tables
     rebuilt as they fill: after every extend, lookups answer exactly as the surviving outputs say."""
     mem = SuffixMemory(max_tokens, depth)
+    # the drafter's path: counted from a request's ContextIndex buffer (after a 3-token "prompt")
+    fast = SuffixMemory(max_tokens, depth)
     alive: OrderedDict[int, list[int]] = OrderedDict()  # reference: FIFO by tokens, as documented
     for i, s in enumerate(segs):
+        index = ContextIndex(1, 4)
+        index.extend([9, 9, 9])
         for piece in (s[:5], s[5:]):  # in pieces, as the engine adds committed tokens
             if not piece:
                 continue
             mem.extend(i, "k", piece)
+            index.extend(piece)
+            fast.extend_from(i, "k", index.tokens, index.buf, len(index.tokens) - len(piece))
             alive.setdefault(i, []).extend(piece)
             while sum(map(len, alive.values())) > max_tokens:
                 alive.popitem(last=False)
-            assert len(mem) == sum(map(len, alive.values()))
+            assert len(mem) == len(fast) == sum(map(len, alive.values()))
+            assert mem.num_contexts() == fast.num_contexts()
             for ctx in ctxs:
                 toks, probs, matched = mem.lookup("k", ctx, 1)
+                buf = np.asarray([7] + ctx + [0, 0], dtype=np.int32)  # read in place: ctx = buf[1:n]
+                assert fast.lookup_from("k", buf[1:], len(ctx), 3) == mem.lookup("k", ctx, 3)
                 want, want_m = brute_next(list(alive.values()), ctx, depth)
                 assert matched == want_m
                 if want is None:

@@ -116,7 +116,7 @@ def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: Suff
     if cont:
         best = _better(best, cont, list(_CELLS[ctx_bucket(m)][len(cont)]), SOURCE_CONTEXT, p, rho)
     if memory is not None:
-        mt, mp, mm = memory.lookup(st.isolation_key, toks[-memory.depth :], k)
+        mt, mp, mm = memory.lookup_from(st.isolation_key, st.index.buf, len(toks), k)
         if mt:
             best = _better(best, mt, [mem_bucket(mm, f) * DEPTHS + min(j, DEPTHS - 1) for j, f in enumerate(mp)],
                            SOURCE_MEMORY, p, rho)

@@ -42,28 +42,29 @@ def longest_suffix_match(toks: np.ndarray, n: int, min_match: int, max_match: in
 
 
 class ContextIndex:
-    """A request's committed tokens (``tokens``, a list other code reads) plus an int32 copy to scan."""
+    """A request's committed tokens: ``tokens`` (a list other code reads) and ``buf[:len(tokens)]``, an
+    int32 copy the compiled code reads in place (this scan, the output memory's look-ups)."""
 
     def __init__(self, min_match: int, max_match: int):
         self.min_match = min_match
         self.max_match = max_match
         self.tokens: list[int] = []
-        self._buf = np.zeros(256, dtype=np.int32)
+        self.buf = np.zeros(256, dtype=np.int32)
 
     def extend(self, new_tokens: list[int]) -> None:
         toks = self.tokens
         start = len(toks)
         toks.extend(new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens])
         end = len(toks)
-        if end > len(self._buf):  # amortised doubling
-            grown = np.zeros(max(end, 2 * len(self._buf)), dtype=np.int32)
-            grown[:start] = self._buf[:start]
-            self._buf = grown
-        self._buf[start:end] = toks[start:end]
+        if end > len(self.buf):  # amortised doubling
+            grown = np.zeros(max(end, 2 * len(self.buf)), dtype=np.int32)
+            grown[:start] = self.buf[:start]
+            self.buf = grown
+        self.buf[start:end] = toks[start:end]
 
     def lookup(self, max_tokens: int) -> tuple[list[int], int]:
         """(continuation of up to ``max_tokens`` tokens, matched suffix length); ([], 0) if no match."""
-        end, length = longest_suffix_match(self._buf, len(self.tokens), self.min_match, self.max_match)
+        end, length = longest_suffix_match(self.buf, len(self.tokens), self.min_match, self.max_match)
         if end < 0:
             return [], 0
         return self.tokens[end : end + max_tokens], length

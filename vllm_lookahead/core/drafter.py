@@ -221,7 +221,7 @@ class LookaheadDrafter:
             if memory is not None and row.num_tokens > max(st.memory_seen, row.prompt_len):
                 start = max(st.memory_seen, row.prompt_len)
                 toks = st.index.tokens
-                memory.extend(row.req_id, st.isolation_key, toks[len(toks) - (row.num_tokens - start):])
+                memory.extend_from(row.req_id, st.isolation_key, toks, st.index.buf, len(toks) - (row.num_tokens - start))
             st.memory_seen = row.num_tokens
             states.append(st)
         cands = []

@@ -71,14 +71,14 @@ def _slot(keys, h):
 
 
 @compiled
-def _add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kid, arr, start, depth, sign):
+def _add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kid, arr, base, start, end, depth, sign):
     """Count (``sign`` +1) or uncount (-1) every (context, next token) pair for the tokens
-    ``arr[start:]``; ``arr[:start]`` are the segment's tokens before them (at most ``depth``).
-    ``meta``: [live nodes, used node slots, used child slots]."""
-    for i in range(start, len(arr)):
+    ``arr[start:end]``; ``arr[base:start]`` are the segment's tokens before them (contexts never reach
+    before ``base``).  ``meta``: [live nodes, used node slots, used child slots]."""
+    for i in range(start, end):
         t = arr[i]
         h = _mix(_SEED, kid)
-        for m in range(1, min(i, depth) + 1):
+        for m in range(1, min(i - base, depth) + 1):
             h = _mix(h, arr[i - m])
             key = h | _TWO  # never 0 (the empty marker)
             s = _slot(nk, key)
@@ -132,10 +132,14 @@ def _find(nk, ntot, kid, buf, end, length):
 
 
 @compiled
-def _lookup(nk, ntot, nbest, nbestc, kid, buf, n, depth, max_tokens, min_prob, out_p):
-    """Greedy walk from the longest stored suffix of ``buf[:n]``; the drafted tokens are written to
-    ``buf[n:]`` and their probabilities to ``out_p``.  Returns (tokens drafted, matched length)."""
-    lo, hi, node = 0, min(n, depth), -1
+def _lookup(nk, ntot, nbest, nbestc, kid, ctx, n_ctx, depth, max_tokens, min_prob, buf, out_p):
+    """Greedy walk from the longest stored suffix of ``ctx[:n_ctx]``: its last ``depth`` tokens are
+    copied to ``buf``, the drafted tokens written after them, their probabilities to ``out_p``.
+    Returns (tokens drafted, matched length, where the drafted tokens start in ``buf``)."""
+    n = min(n_ctx, depth)
+    for j in range(n):
+        buf[j] = ctx[n_ctx - n + j]
+    lo, hi, node = 0, n, -1
     # every suffix of a stored context is stored too: "stored" is monotone in the length
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -145,7 +149,7 @@ def _lookup(nk, ntot, nbest, nbestc, kid, buf, n, depth, max_tokens, min_prob, o
         else:
             hi = mid - 1
     if node < 0:
-        return 0, 0
+        return 0, 0, n
     matched = length = lo
     out = 0
     end = n
@@ -166,7 +170,7 @@ def _lookup(nk, ntot, nbest, nbestc, kid, buf, n, depth, max_tokens, min_prob, o
             node = _find(nk, ntot, kid, buf, end, length)
         if node < 0:
             break
-    return out, matched
+    return out, matched, n
 
 
 class SuffixMemory:
@@ -186,6 +190,8 @@ class SuffixMemory:
         # segment id -> [isolation key, tokens]
         self._segments: OrderedDict[Hashable, list] = OrderedDict()
         self.tokens = 0
+        self._probs = np.empty(16, dtype=np.float64)  # lookup scratch: probabilities, context + draft
+        self._scratch = np.empty(depth + 16, dtype=np.int32)
         # sized for about a quarter of a full memory's contexts (<= 64k slots, ~2.6 MB): a growing
         # memory is rebuilt a few times, not once per doubling from the smallest size
         slots = self._MIN_SLOTS
@@ -214,9 +220,9 @@ class SuffixMemory:
         """Stored contexts (suffix-tree nodes) that some stored output still follows, all keys."""
         return int(self._meta[0])
 
-    def _add(self, kid: int, arr: np.ndarray, start: int, sign: int) -> None:
+    def _count(self, kid: int, arr: np.ndarray, base: int, start: int, end: int, sign: int) -> None:
         _add(self._nk, self._ntot, self._nbest, self._nbestc, self._nfirst, self._ck, self._cc, self._ctok,
-             self._cnext, self._meta, kid, arr, start, self.depth, sign)
+             self._cnext, self._meta, kid, arr, base, start, end, self.depth, sign)
 
     def _rebuild(self, room: int) -> None:
         """Fresh tables sized for the surviving segments plus ``room`` new entries (load <= 1/4),
@@ -227,27 +233,45 @@ class SuffixMemory:
             slots <<= 1
         self._alloc(slots)
         for key, toks in self._segments.values():
-            self._add(self._kids[key], np.asarray(toks, dtype=np.int64), 0, 1)
+            self._count(self._kids[key], np.asarray(toks, dtype=np.int32), 0, 0, len(toks), 1)
 
     def extend(self, seg_id: Hashable, key: Hashable, new_tokens: Sequence[int]) -> None:
         """Append ``new_tokens`` to the output segment ``seg_id`` (created on first use) under ``key``."""
         if self.max_tokens == 0 or not len(new_tokens):
             return
+        new = new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens]
+        toks = self._segment(seg_id, key)
+        prev = toks[-self.depth :] if toks else []
+        self._append(seg_id, key, toks, new, np.asarray(prev + new, dtype=np.int32), len(prev))
+
+    def extend_from(self, seg_id: Hashable, key: Hashable, tokens: list[int], buf: np.ndarray, lo: int) -> None:
+        """``extend(seg_id, key, tokens[lo:])`` where ``buf`` (int32) holds the same tokens as
+        ``tokens`` and the segment so far ends with ``tokens[:lo]`` -- a request's committed tokens
+        (``ContextIndex``): counted straight from its buffer, no conversion on the per-step path."""
+        if self.max_tokens == 0 or lo >= len(tokens):
+            return
+        toks = self._segment(seg_id, key)
+        self._append(seg_id, key, toks, tokens[lo:], buf, lo, lo - min(len(toks), self.depth, lo))
+
+    def _segment(self, seg_id: Hashable, key: Hashable) -> list[int]:
         entry = self._segments.get(seg_id)
         if entry is None:
             entry = self._segments[seg_id] = [key, []]
         elif entry[0] != key:
             raise ValueError(f"segment {seg_id!r} was started under another isolation key")
+        return entry[1]
+
+    def _append(self, seg_id: Hashable, key: Hashable, toks: list[int], new: list[int], arr: np.ndarray,
+                start: int, base: int = 0) -> None:
+        """Count ``arr[start:start + len(new)]`` (== ``new``) after ``arr[base:start]``, store it."""
         kid = self._kids.get(key)
         if kid is None:
             kid = self._kids[key] = len(self._kids)
-        toks = entry[1]
-        new = new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens]
         grow = self.depth * len(new)
-        if 2 * (max(self._meta[1], self._meta[2]) + grow) > len(self._nk):  # keep the load <= 1/2
+        meta = self._meta
+        if 2 * (max(meta[1], meta[2]) + grow) > len(self._nk):  # keep the load <= 1/2
             self._rebuild(grow)
-        prev = toks[-self.depth :] if toks else []
-        self._add(kid, np.asarray(prev + new, dtype=np.int64), len(prev), 1)
+        self._count(kid, arr, base, start, start + len(new), 1)
         toks.extend(new)
         self.tokens += len(new)
         while self.tokens > self.max_tokens and self._segments:
@@ -255,7 +279,7 @@ class SuffixMemory:
 
     def _evict_oldest(self) -> None:
         _, (key, toks) = self._segments.popitem(last=False)
-        self._add(self._kids[key], np.asarray(toks, dtype=np.int64), 0, -1)
+        self._count(self._kids[key], np.asarray(toks, dtype=np.int32), 0, 0, len(toks), -1)
         self.tokens -= len(toks)
 
     def lookup(self, key: Hashable, context: Sequence[int], max_tokens: int,
@@ -265,19 +289,25 @@ class SuffixMemory:
         Returns (tokens, frequency of each token given the previous ones (count / (context total + 1)),
         matched context length); ([], [], 0) when no suffix of ``context`` was ever followed by output.
         Stops at ``max_tokens`` tokens or before a token whose probability is below ``min_prob``."""
+        return self.lookup_from(key, np.asarray(list(context[-self.depth :]), dtype=np.int32), None, max_tokens,
+                                min_prob)
+
+    def lookup_from(self, key: Hashable, buf: np.ndarray, n: int | None, max_tokens: int,
+                    min_prob: float = 0.0) -> tuple[list[int], list[float], int]:
+        """``lookup`` of the context ``buf[:n]`` (int32; all of ``buf`` if ``n`` is None) -- a request's
+        ``ContextIndex`` buffer, read in place."""
         kid = self._kids.get(key)
         if max_tokens <= 0 or kid is None or not self.tokens:
             return [], [], 0
-        tail = list(context[-self.depth :])
-        n = len(tail)
-        buf = np.empty(n + max_tokens, dtype=np.int64)
-        buf[:n] = tail
-        probs = np.empty(max_tokens, dtype=np.float64)
-        out, matched = _lookup(self._nk, self._ntot, self._nbest, self._nbestc, kid, buf, n, self.depth,
-                               max_tokens, min_prob, probs)
+        if len(self._probs) < max_tokens:
+            self._probs = np.empty(max_tokens, dtype=np.float64)
+            self._scratch = np.empty(self.depth + max_tokens, dtype=np.int32)
+        out, matched, at = _lookup(self._nk, self._ntot, self._nbest, self._nbestc, kid, buf,
+                                   len(buf) if n is None else n, self.depth, max_tokens, min_prob,
+                                   self._scratch, self._probs)
         if not out:
             return [], [], 0
-        return buf[n : n + out].tolist(), probs[:out].tolist(), int(matched)
+        return self._scratch[at : at + out].tolist(), self._probs[:out].tolist(), int(matched)
 
     def forget(self, seg_id: Hashable) -> None:
         """Drop one segment now (e.g. an aborted request whose output should not be reused)."""
