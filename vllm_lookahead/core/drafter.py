@@ -194,9 +194,9 @@ class LookaheadDrafter:
         (core/chain.py), cut where its estimated commit probability falls below ``chain_floor`` of the
         batch ("chain"; above ``batch_size_threshold`` rows the measured guard may also switch drafting
         off) or for the whole batch by the step-time model ("cost", core/cost_model.py)."""
-        now = self.clock()
-        last = self._last_step
         chain = self.cfg.policy == "chain"
+        now = 0.0 if chain else self.clock()  # the step-time model's clock (policy "cost" only)
+        last = self._last_step
         if not chain and last is not None and live <= last[0] and all(r.new_tokens for r in rows):
             # the step just done ran last step's rows and drafts; no request joined (no prefill in it)
             self.cost.observe(last[1], last[2], now - last[3])
