@@ -24,7 +24,9 @@ the bug in the running process -- never by version number -- so a fixed vLLM is 
    function wrapper, ``__dict__`` included, so the scan raises ``AttributeError: '_lib_fn_wrapper' object
    has no attribute 'get'`` and the engine dies.  A served engine starts once per process and never
    meets this; our gate and benchmark start several engines in one process, so they apply the fix
-   (``apply_tool_fixes``).  The replacement is the same scan, skipping non-dict namespaces.
+   (``apply_tool_fixes``), and so does the lookahead proposer, whose drafter imports numba
+   (``core/jit.py``): a user's process that starts a second engine after a lookahead one must not
+   crash.  The replacement is the same scan, skipping non-dict namespaces.
 """
 
 from __future__ import annotations
@@ -149,8 +151,8 @@ def rebind_scan_breaks() -> bool:
 
 
 def apply_tool_fixes() -> list[str]:
-    """Before our own in-process engines start (bench, gate, demo): the rebind fix if the probe
-    shows the scan breaking.  Returns the names applied."""
+    """Before our own in-process engines start (bench, gate, demo) and where the lookahead proposer
+    starts: the rebind fix if the probe shows the scan breaking.  Returns the names applied."""
     done = []
     try:
         if rebind_scan_breaks() and patches.apply("safe_rebind_kernels"):
