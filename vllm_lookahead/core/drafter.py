@@ -124,7 +124,7 @@ class LookaheadDrafter:
     def _off(self, rows: list[RowStep]) -> list[list[int]]:
         """A step without drafts, at almost no cost: the rows are not even observed.  Why: a guard that
         switched drafting off because it does not pay must not keep paying the proposer's upkeep (at
-        batch 32 on the 2-core CPU ~10% of a step).  Nothing is lost: a request's next observation sees
+        batch 32 on the 2-core CPU 5-10% of a step).  Nothing is lost: a request's next observation sees
         the gap (``RequestState.observe``: not continuous) and indexes the committed tokens it missed,
         as after a preemption; the output memory catches up the same way (``memory_seen``)."""
         self.last_budget = 0

@@ -192,7 +192,7 @@ class SuffixMemory:
         self.tokens = 0
         self._probs = np.empty(16, dtype=np.float64)  # lookup scratch: probabilities, context + draft
         self._scratch = np.empty(depth + 16, dtype=np.int32)
-        # sized for about a quarter of a full memory's contexts (<= 64k slots, ~2.6 MB): a growing
+        # sized for about a quarter of a full memory's contexts (<= 64k slots, ~2.9 MB): a growing
         # memory is rebuilt a few times, not once per doubling from the smallest size
         slots = self._MIN_SLOTS
         while slots < min(depth * max_tokens // 4, self._MAX_FIRST_SLOTS):
@@ -242,7 +242,7 @@ class SuffixMemory:
         new = new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens]
         toks = self._segment(seg_id, key)
         prev = toks[-self.depth :] if toks else []
-        self._append(seg_id, key, toks, new, np.asarray(prev + new, dtype=np.int32), len(prev))
+        self._append(key, toks, new, np.asarray(prev + new, dtype=np.int32), len(prev))
 
     def extend_from(self, seg_id: Hashable, key: Hashable, tokens: list[int], buf: np.ndarray, lo: int) -> None:
         """``extend(seg_id, key, tokens[lo:])`` where ``buf`` (int32) holds the same tokens as
@@ -251,7 +251,7 @@ class SuffixMemory:
         if self.max_tokens == 0 or lo >= len(tokens):
             return
         toks = self._segment(seg_id, key)
-        self._append(seg_id, key, toks, tokens[lo:], buf, lo, lo - min(len(toks), self.depth, lo))
+        self._append(key, toks, tokens[lo:], buf, lo, lo - min(len(toks), self.depth, lo))
 
     def _segment(self, seg_id: Hashable, key: Hashable) -> list[int]:
         entry = self._segments.get(seg_id)
@@ -261,8 +261,8 @@ class SuffixMemory:
             raise ValueError(f"segment {seg_id!r} was started under another isolation key")
         return entry[1]
 
-    def _append(self, seg_id: Hashable, key: Hashable, toks: list[int], new: list[int], arr: np.ndarray,
-                start: int, base: int = 0) -> None:
+    def _append(self, key: Hashable, toks: list[int], new: list[int], arr: np.ndarray, start: int,
+                base: int = 0) -> None:
         """Count ``arr[start:start + len(new)]`` (== ``new``) after ``arr[base:start]``, store it."""
         kid = self._kids.get(key)
         if kid is None:
