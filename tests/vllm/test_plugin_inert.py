@@ -55,3 +55,18 @@ def test_version_check_applies_where_the_plugin_is_used(demo_model):
     res = run_app(demo_model, "0.31.0", "lookahead")
     assert res["started"] is False
     assert "UnsupportedVLLMVersion" in res["error"] or "supports vLLM" in res["error"], res["error"]
+
+
+def test_importing_the_plugin_does_not_import_numba():
+    """The drafter's kernels are numba (core/kernels.py), and vLLM 0.32's kernel-override scan crashes
+    once numba is loaded (vllm/fixes.py, safe_rebind_kernels): importing the package, its core and every
+    patch-declaring module must not load it -- only a drafter starting inside an engine does."""
+    code = ("import sys, vllm_lookahead, vllm_lookahead.core, vllm_lookahead.vllm.plugin\n"
+            "from vllm_lookahead.vllm import patches\n"
+            "patches.load_all()\n"
+            "assert 'numba' not in sys.modules, 'numba imported'\n"
+            "from vllm_lookahead.core.drafter import compile_kernels\n"
+            "compile_kernels()\n"
+            "assert 'numba' in sys.modules\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -1,7 +1,7 @@
 """Prompt-lookup over a request's committed tokens: find the most recent earlier occurrence of the
 longest suffix (``max_match`` down to ``min_match`` tokens) and return what followed it.
 
-A compiled backward scan (numba) over the request's tokens, like vLLM's own ``ngram`` proposer, instead
+A compiled backward scan (numba, ``core/kernels.py::longest_suffix_match``) over the request's tokens, like vLLM's own ``ngram`` proposer, instead
 of an index.  Why: the earlier design kept a dict per suffix length (n-gram -> latest end position) up
 to date with every committed token -- ``levels`` dict writes per token per request, on the proposer's
 per-step path at every batch size (at batch 32 on the 2-core CPU ~0.25 ms of a ~12 ms step).  A scan
@@ -14,31 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import compiled
-
-
-@compiled
-def longest_suffix_match(toks: np.ndarray, n: int, min_match: int, max_match: int) -> tuple[int, int]:
-    """(end, length) of the most recent earlier occurrence of the longest suffix of ``toks[:n]`` with
-    ``min_match <= length <= max_match``; (-1, 0) if none.  "Earlier": the occurrence ends before ``n``
-    (the suffix never matches itself), so ``toks[end]`` is the first token that followed it."""
-    hi = min(max_match, n - 1)
-    best_end, best_len = -1, 0
-    if hi < min_match:
-        return best_end, best_len
-    last = toks[n - 1]
-    for e in range(n - 1, min_match - 1, -1):  # the latest occurrence first: ties go to it
-        if toks[e - 1] != last:
-            continue
-        m = 1
-        top = min(hi, e)
-        while m < top and toks[e - 1 - m] == toks[n - 1 - m]:
-            m += 1
-        if m > best_len and m >= min_match:
-            best_end, best_len = e, m
-            if m == hi:  # nothing longer can exist
-                break
-    return best_end, best_len
+from .jit import load_kernels
 
 
 class ContextIndex:
@@ -64,7 +40,7 @@ class ContextIndex:
 
     def lookup(self, max_tokens: int) -> tuple[list[int], int]:
         """(continuation of up to ``max_tokens`` tokens, matched suffix length); ([], 0) if no match."""
-        end, length = longest_suffix_match(self.buf, len(self.tokens), self.min_match, self.max_match)
+        end, length = load_kernels().longest_suffix_match(self.buf, len(self.tokens), self.min_match, self.max_match)
         if end < 0:
             return [], 0
         return self.tokens[end : end + max_tokens], length

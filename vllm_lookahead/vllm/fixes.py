@@ -24,9 +24,9 @@ the bug in the running process -- never by version number -- so a fixed vLLM is 
    function wrapper, ``__dict__`` included, so the scan raises ``AttributeError: '_lib_fn_wrapper' object
    has no attribute 'get'`` and the engine dies.  A served engine starts once per process and never
    meets this; our gate and benchmark start several engines in one process, so they apply the fix
-   (``apply_tool_fixes``), and so does the lookahead proposer, whose drafter imports numba
-   (``core/jit.py``): a user's process that starts a second engine after a lookahead one must not
-   crash.  The replacement is the same scan, skipping non-dict namespaces.
+   (``apply_tool_fixes``), and so does the lookahead proposer before its drafter loads numba
+   (``core/kernels.py``; never at import, so a first engine is safe): a user's process that starts a
+   second engine after a lookahead one must not crash.  The replacement is the same scan, skipping non-dict namespaces.
 """
 
 from __future__ import annotations

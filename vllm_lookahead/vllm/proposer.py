@@ -79,8 +79,8 @@ class LookaheadProposer:
         # the worker patches (patches.PATCHES), and fix vLLM's CPU expand kernel if the probe finds it
         # broken (T>0 speculative sampling, fixes.py).  None of this happens where lookahead is not used.
         check_vllm_version()
-        # core/context_index.py is compiled with numba: a second engine started later in this process
-        # must survive the import (fixes.py, safe_rebind_kernels; a no-op where the scan is fine)
+        # the drafter loads numba (core/kernels.py): a second engine started later in this process must
+        # survive it (fixes.py, safe_rebind_kernels; a no-op where the scan is fine)
         apply_tool_fixes()
         install_runner_hook()
         logger.info("vllm-lookahead: %s", fix_cpu_expand_if_broken())

@@ -1,0 +1,173 @@
+"""The compiled kernels behind ``ContextIndex`` (core/context_index.py) and ``SuffixMemory``
+(core/suffix_memory.py), in one module that is imported on first use (``jit.load_kernels``).
+
+Why a separate, lazily imported module: importing numba loads llvmlite, and vLLM 0.32's kernel-override
+scan (``triton_utils.dispatcher._rebind_kernels``, run when a worker starts) crashes on llvmlite's FFI
+object (vllm/fixes.py, ``safe_rebind_kernels``).  Importing ``vllm_lookahead.core`` -- which any of the
+plugin's modules does -- must therefore not import numba: the kernels load when a drafter starts, inside
+an engine that has already run its scan, and the proposer applies the scan fix for later engines first.
+
+Memory hash tables: 64-bit keys (splitmix64 over the isolation key id and the context tokens, never 0:
+0 marks an empty slot), linear probing; see core/suffix_memory.py for the layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .jit import compiled
+
+
+@compiled
+def longest_suffix_match(toks: np.ndarray, n: int, min_match: int, max_match: int) -> tuple[int, int]:
+    """(end, length) of the most recent earlier occurrence of the longest suffix of ``toks[:n]`` with
+    ``min_match <= length <= max_match``; (-1, 0) if none.  "Earlier": the occurrence ends before ``n``
+    (the suffix never matches itself), so ``toks[end]`` is the first token that followed it."""
+    hi = min(max_match, n - 1)
+    best_end, best_len = -1, 0
+    if hi < min_match:
+        return best_end, best_len
+    last = toks[n - 1]
+    for e in range(n - 1, min_match - 1, -1):  # the latest occurrence first: ties go to it
+        if toks[e - 1] != last:
+            continue
+        m = 1
+        top = min(hi, e)
+        while m < top and toks[e - 1 - m] == toks[n - 1 - m]:
+            m += 1
+        if m > best_len and m >= min_match:
+            best_end, best_len = e, m
+            if m == hi:  # nothing longer can exist
+                break
+    return best_end, best_len
+
+
+_SEED = np.uint64(0x5DEECE66D)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_TWO = np.uint64(2)
+_EMPTY = np.uint64(0)
+
+
+@njit(inline="always")
+def _mix(h, t):
+    """splitmix64 of ``h`` combined with the non-negative integer ``t``."""
+    z = h + _GOLD + np.uint64(t)
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(inline="always")
+def _slot(keys, h):
+    """Linear probing: the slot holding ``h``, or the empty slot where it would go."""
+    mask = np.uint64(len(keys) - 1)
+    i = h & mask
+    while keys[i] != h and keys[i] != _EMPTY:
+        i = (i + np.uint64(1)) & mask
+    return i
+
+
+@compiled
+def memory_add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kid, arr, base, start, end, depth, sign):
+    """Count (``sign`` +1) or uncount (-1) every (context, next token) pair for the tokens
+    ``arr[start:end]``; ``arr[base:start]`` are the segment's tokens before them (contexts never reach
+    before ``base``).  ``meta``: [live nodes, used node slots, used child slots]."""
+    for i in range(start, end):
+        t = arr[i]
+        h = _mix(_SEED, kid)
+        for m in range(1, min(i - base, depth) + 1):
+            h = _mix(h, arr[i - m])
+            key = h | _TWO  # never 0 (the empty marker)
+            s = _slot(nk, key)
+            if nk[s] == _EMPTY:
+                nk[s] = key
+                ntot[s] = 0
+                nbest[s] = t
+                nbestc[s] = 0
+                nfirst[s] = -1
+                meta[1] += 1
+            if ntot[s] == 0 and sign > 0:
+                meta[0] += 1
+            ntot[s] += sign
+            if ntot[s] == 0:
+                meta[0] -= 1
+            ckey = _mix(key, t) | _TWO
+            j = _slot(ck, ckey)
+            if ck[j] == _EMPTY:
+                ck[j] = ckey
+                cc[j] = 0
+                ctok[j] = t
+                cnext[j] = nfirst[s]  # the node's children, newest first
+                nfirst[s] = j
+                meta[2] += 1
+            cc[j] += sign
+            if sign > 0:
+                if cc[j] > nbestc[s]:
+                    nbest[s] = t
+                    nbestc[s] = cc[j]
+            elif nbest[s] == t:  # the most frequent child lost a count: compare the children again
+                nbestc[s] = cc[j]
+                c = nfirst[s]
+                while c >= 0:
+                    if cc[c] >= nbestc[s]:  # ties: the oldest child (the list runs newest first)
+                        nbest[s] = ctok[c]
+                        nbestc[s] = cc[c]
+                    c = cnext[c]
+
+
+@compiled
+def memory_find(nk, ntot, kid, buf, end, length):
+    """Slot of the node for the ``length`` tokens before ``buf[end]``, or -1 if unseen (or dead)."""
+    h = _mix(_SEED, kid)
+    for m in range(1, length + 1):
+        h = _mix(h, buf[end - m])
+    key = h | _TWO
+    s = _slot(nk, key)
+    if nk[s] == _EMPTY or ntot[s] <= 0:
+        return -1
+    return np.int64(s)
+
+
+@compiled
+def memory_lookup(nk, ntot, nbest, nbestc, kid, ctx, n_ctx, depth, max_tokens, min_prob, buf, out_p):
+    """Greedy walk from the longest stored suffix of ``ctx[:n_ctx]``: its last ``depth`` tokens are
+    copied to ``buf``, the drafted tokens written after them, their probabilities to ``out_p``.
+    Returns (tokens drafted, matched length, where the drafted tokens start in ``buf``)."""
+    n = min(n_ctx, depth)
+    for j in range(n):
+        buf[j] = ctx[n_ctx - n + j]
+    lo, hi, node = 0, n, -1
+    # every suffix of a stored context is stored too: "stored" is monotone in the length
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        s = memory_find(nk, ntot, kid, buf, n, mid)
+        if s >= 0:
+            lo, node = mid, s
+        else:
+            hi = mid - 1
+    if node < 0:
+        return 0, 0, n
+    matched = length = lo
+    out = 0
+    end = n
+    while True:
+        p = nbestc[node] / (ntot[node] + 1.0)  # +1: a continuation seen once is no certainty
+        if p < min_prob:
+            break
+        buf[end] = nbest[node]
+        out_p[out] = p
+        out += 1
+        end += 1
+        if out >= max_tokens:
+            break
+        length = min(length + 1, depth)
+        node = memory_find(nk, ntot, kid, buf, end, length)
+        while node < 0 and length > 1:  # shorten the context until it was seen
+            length -= 1
+            node = memory_find(nk, ntot, kid, buf, end, length)
+        if node < 0:
+            break
+    return out, matched, n
