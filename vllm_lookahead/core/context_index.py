@@ -1,8 +1,8 @@
 """Prompt-lookup over a request's committed tokens: find the most recent earlier occurrence of the
 longest suffix (``max_match`` down to ``min_match`` tokens) and return what followed it.
 
-A compiled backward scan (numba, ``core/kernels.py::longest_suffix_match``) over the request's tokens, like vLLM's own ``ngram`` proposer, instead
-of an index.  Why: the earlier design kept a dict per suffix length (n-gram -> latest end position) up
+A compiled backward scan (numba, ``core/kernels.py::longest_suffix_match``) over the request's tokens,
+like vLLM's own ``ngram`` proposer, instead of an index.  Why: the earlier design kept a dict per suffix length (n-gram -> latest end position) up
 to date with every committed token -- ``levels`` dict writes per token per request, on the proposer's
 per-step path at every batch size (at batch 32 on the 2-core CPU ~0.25 ms of a ~12 ms step).  A scan
 needs no upkeep (appending the new tokens is all), and its cost -- one compare per earlier token,
