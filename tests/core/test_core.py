@@ -327,3 +327,19 @@ def test_compiled_kernels_work_where_numba_cannot_cache():
     with pytest.raises(RuntimeError, match="cannot cache"):
         njit(cache=True)(scope["twice"])
     assert compiled(scope["twice"])(21) == 42
+
+
+def test_missing_numba_is_a_clear_error_at_drafter_start_not_at_import():
+    """numba comes with the cpu/cuda extras (not a base dependency: the sidecar never loads it).  Without
+    it, importing the core still works and starting a drafter says what to install.  numba's absence is
+    SIMULATED (``sys.modules["numba"] = None``, in a fresh interpreter): this venv has it installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nsys.modules['numba'] = None\n"
+            "from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter\n"
+            "try:\n    LookaheadDrafter(LookaheadConfig(), 4)\n"
+            "except ModuleNotFoundError as e:\n    print('ERROR', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ERROR" in r.stdout and "needs numba" in r.stdout and "vllm-lookahead[cpu]" in r.stdout, r.stdout

@@ -29,7 +29,13 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
 def load_kernels() -> ModuleType:
     global _kernels
     if _kernels is None:
-        from . import kernels
-
+        try:
+            from . import kernels
+        except ModuleNotFoundError as e:
+            if e.name not in ("numba", "llvmlite"):
+                raise
+            raise ModuleNotFoundError(
+                "vllm-lookahead's drafter needs numba for its compiled kernels: pip install "
+                "'vllm-lookahead[cpu]' (or [cuda]; vLLM brings numba too) or pip install numba", name=e.name) from e
         _kernels = kernels
     return _kernels
