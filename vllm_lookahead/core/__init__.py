@@ -1,5 +1,6 @@
-"""Pure lookahead algorithm (numpy only; no vLLM, Kafka or OTel imports): configuration, n-gram pool,
-context index, per-request Jacobi state and the batch drafter with its adaptive policy."""
+"""Pure lookahead algorithm (numpy, plus numba kernels loaded when a drafter starts; no vLLM, Kafka or
+OTel imports): configuration, n-gram pool, context index, output memory, per-request Jacobi state and
+the batch drafter with its adaptive policy."""
 
 from .config import LookaheadConfig, LookaheadConfigError
 from .drafter import LookaheadDrafter, RowStep
