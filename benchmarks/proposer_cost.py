@@ -28,7 +28,7 @@ def replay(policy: str, prompts: list[list[int]], steps: int, k: int, seed: int)
     drafter = LookaheadDrafter(LookaheadConfig(policy=policy), k)
     # the drafting path is what is measured: on random tokens the busy-batch guard (policies chain/ema)
     # would soon switch drafting off, and the replay would time the guard's choice, not the upkeep
-    drafter._guard = lambda rows: "chain"
+    drafter._guard = lambda rows, live: "chain"
     rng = random.Random(seed)
     ctxs = [list(p) + [1] for p in prompts]
     plen = [len(p) for p in prompts]

@@ -49,10 +49,14 @@ def ctx_bucket(match_len: int) -> int:
     return CTX0 + min(match_len, 4) - 1
 
 
-def mem_bucket(match_len: int, freq: float) -> int:
-    lb = 0 if match_len <= 2 else (1 if match_len <= 5 else 2)
-    fb = 0 if freq < _FREQ_EDGES[0] else (1 if freq < _FREQ_EDGES[1] else (2 if freq < _FREQ_EDGES[2] else 3))
-    return MEM0 + 4 * lb + fb
+def mem_cells(match_len: int, freqs: list[float], first: int = 0) -> list[int]:
+    """Cells of memory draft tokens at positions ``first``, ``first`` + 1, ...: the bucket of (matched
+    context length 1-2 / 3-5 / 6+) x (the token's smoothed frequency, ``_FREQ_EDGES``)."""
+    base = MEM0 + 4 * (0 if match_len <= 2 else (1 if match_len <= 5 else 2))
+    e0, e1, e2 = _FREQ_EDGES
+    last = DEPTHS - 1
+    return [(base + (0 if f < e0 else (1 if f < e1 else (2 if f < e2 else 3)))) * DEPTHS + (j if j < last else last)
+            for j, f in enumerate(freqs, start=first)]
 
 
 class AcceptanceTable:
@@ -118,8 +122,7 @@ def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: Suff
     if memory is not None:
         mt, mp, mm = memory.lookup_from(st.isolation_key, st.index.buf, len(toks), k)
         if mt:
-            best = _better(best, mt, [mem_bucket(mm, f) * DEPTHS + min(j, DEPTHS - 1) for j, f in enumerate(mp)],
-                           SOURCE_MEMORY, p, rho)
+            best = _better(best, mt, mem_cells(mm, mp), SOURCE_MEMORY, p, rho)
     if use_pool:
         jac = st.jacobi
         cands = st.pool.get(toks[-1])
@@ -143,8 +146,7 @@ def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: Suff
         tail = (toks[-memory.depth :] + draft)[-memory.depth :]
         mt, mp, mm = memory.lookup(st.isolation_key, tail, k - len(draft))
         acc = pc[-1]
-        for j, (t, f) in enumerate(zip(mt, mp), start=len(draft)):
-            c = mem_bucket(mm, f) * DEPTHS + min(j, DEPTHS - 1)
+        for t, c in zip(mt, mem_cells(mm, mp, len(draft))):
             acc *= min(p[c] * rho, 0.98)
             draft.append(t)
             cells.append(c)

@@ -27,16 +27,21 @@ class ContextIndex:
         self.tokens: list[int] = []
         self.buf = np.zeros(256, dtype=np.int32)
 
-    def extend(self, new_tokens: list[int]) -> None:
+    def extend(self, new_tokens: list[int] | np.ndarray) -> None:
+        """Append committed tokens (a list, or a numpy slice of the engine's token row: copied into
+        the buffer array to array, converted to Python ints once for ``tokens``)."""
         toks = self.tokens
         start = len(toks)
-        toks.extend(new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens])
+        if isinstance(new_tokens, np.ndarray):
+            toks.extend(new_tokens.tolist())
+        else:
+            toks.extend(new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens])
         end = len(toks)
         if end > len(self.buf):  # amortised doubling
             grown = np.zeros(max(end, 2 * len(self.buf)), dtype=np.int32)
             grown[:start] = self.buf[:start]
             self.buf = grown
-        self.buf[start:end] = toks[start:end]
+        self.buf[start:end] = new_tokens if isinstance(new_tokens, np.ndarray) else toks[start:end]
 
     def lookup(self, max_tokens: int) -> tuple[list[int], int]:
         """(continuation of up to ``max_tokens`` tokens, matched suffix length); ([], 0) if no match."""

@@ -41,7 +41,7 @@ from .state import SOURCE_NONE, RequestState
 from .suffix_memory import SuffixMemory
 
 
-@dataclass
+@dataclass(slots=True)
 class RowStep:
     """What the engine tells the drafter about one running request after a forward pass."""
 
@@ -66,6 +66,16 @@ def compile_kernels() -> None:
     memory.extend("warm-up", None, [1, 2, 1, 2])
     memory.lookup(None, [1], 2)
     memory.forget("warm-up")
+
+
+def _count_above(p_cum: list[float], floor: float) -> int:
+    """How many leading entries of a non-increasing ``p_cum`` are >= ``floor``."""
+    n = 0
+    for x in p_cum:
+        if x < floor:
+            break
+        n += 1
+    return n
 
 
 class LookaheadDrafter:
@@ -105,11 +115,12 @@ class LookaheadDrafter:
     def step(self, rows: list[RowStep]) -> list[list[int]]:
         """Observe one engine step for every running request and return the next drafts, in row order."""
         live = {r.req_id for r in rows}
-        for rid in [r for r in self.states if r not in live]:  # finished or preempted
+        gone = self.states.keys() - live  # finished or preempted (a set operation: no per-row Python)
+        for rid in [r for r in self.states if r in gone] if gone else ():
             self._dormant[rid] = self.states.pop(rid)
             while len(self._dormant) > self.cfg.max_dormant_requests:
                 self._dormant.popitem(last=False)
-        if self.cfg.policy != "cost" and self._guard(rows) == "off":
+        if self.cfg.policy != "cost" and self._guard(rows, live) == "off":
             return self._off(rows)
         if self.cfg.policy in ("chain", "cost"):
             return self._step_cost(rows, live)
@@ -134,7 +145,7 @@ class LookaheadDrafter:
                 st.last_draft, st.last_cells, st.last_p, st.last_source = [], [], [], SOURCE_NONE
         return [[] for _ in rows]
 
-    def _guard(self, rows: list[RowStep]) -> str:
+    def _guard(self, rows: list[RowStep], live: set[str]) -> str:
         """Policies "chain" and "ema": "chain" (draft) or "off" for the next step.  The step just done is credited
         to the mode that made its drafts (committed tokens / time between two calls); above
         ``batch_size_threshold`` rows the arbiter of the batch's bucket (17-32 rows, 33-64, ...)
@@ -144,7 +155,7 @@ class LookaheadDrafter:
         slow for reasons neither mode controls."""
         now = self.clock()
         last, self._guard_last = self._guard_last, None
-        if last is not None and all(r.new_tokens and r.req_id in last[3] for r in rows):
+        if last is not None and live <= last[3] and all(r.new_tokens for r in rows):
             self.guards[last[1]].observe(last[0], sum(len(r.new_tokens) for r in rows), now - last[2])
         if len(rows) <= self.cfg.batch_size_threshold or not any(r.new_tokens for r in rows):
             return "chain"
@@ -154,7 +165,7 @@ class LookaheadDrafter:
             arbiter = self.guards[bucket] = LayoutArbiter(("chain", "off"), explore_every=64, explore_steps=2,
                                                           warmup_steps=8)
         mode = arbiter.choose()
-        self._guard_last = (mode, bucket, now, {r.req_id for r in rows})
+        self._guard_last = (mode, bucket, now, live)
         return mode
 
     def _budgets(self, rows: list[RowStep], states: list[RequestState]) -> tuple[list[int], list[bool]]:
@@ -205,8 +216,9 @@ class LookaheadDrafter:
         # rows are cheap; above `pool_max_batch` rows their upkeep (indexing, trajectories) is skipped
         use_pool = len(rows) <= self.cfg.pool_max_batch
         states = []
+        known = self.states
         for row in rows:
-            st = self._state(row)
+            st = known.get(row.req_id) or self._state(row)
             st.use_pool = use_pool
             cells, probs = st.last_cells, st.last_p
             st.last_outcome = None
@@ -218,8 +230,8 @@ class LookaheadDrafter:
                 st.hist_accepted = d * st.hist_accepted + accepted
                 st.hist_expected = d * st.hist_expected + sum(probs[:verified])  # E[accepted] = sum p_cum
             st.last_cells, st.last_p = [], []
-            if memory is not None and row.num_tokens > max(st.memory_seen, row.prompt_len):
-                start = max(st.memory_seen, row.prompt_len)
+            start = st.memory_seen if st.memory_seen > row.prompt_len else row.prompt_len
+            if memory is not None and row.num_tokens > start:
                 toks = st.index.tokens
                 memory.extend_from(row.req_id, st.isolation_key, toks, st.index.buf, len(toks) - (row.num_tokens - start))
             st.memory_seen = row.num_tokens
@@ -235,7 +247,7 @@ class LookaheadDrafter:
         if chain:
             floor = self.chain_floor(len(rows))
             # p_cum does not increase along a draft: each row's count is its prefix above the floor
-            counts = [sum(1 for x in pc if x >= floor) for _, _, pc in cands]
+            counts = [_count_above(pc, floor) for _, _, pc in cands]
             if sum(counts) > self.cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
                 counts = threshold_allocate(*self._flat(cands), len(rows), floor,
                                             self.cfg.max_batch_draft_tokens).tolist()

@@ -102,6 +102,10 @@ class RequestState:
         start = self.seen
         if start == 0:  # first sight: bound the one-off indexing cost of a long prompt
             start = max(0, num_tokens - self.cfg.max_prompt_index_tokens)
+        if not self.use_pool and self.shared is None:  # the context index alone (policy "chain", busy batch)
+            self.index.extend(context[start:num_tokens])
+            self.seen = num_tokens
+            return
         # n-grams ending in the new tokens; without prompt seeding, only keys from the last prompt
         # token on (its continuation is output) enter the pool.
         key_floor = 0 if self.cfg.seed_from_prompt else max(self.prompt_len - 1, 0)

@@ -81,6 +81,10 @@ class SuffixMemory:
         self._ctok = np.zeros(slots, dtype=i32)  # child tokens
         self._cnext = np.full(slots, -1, dtype=i32)  # the next (older) child of the same node
         self._meta = np.zeros(3, dtype=np.int64)  # live nodes, used node slots, used child slots
+        # the arguments every count passes to the kernel, bound once (17 attribute reads per call otherwise)
+        self._tables = (self._nk, self._ntot, self._nbest, self._nbestc, self._nfirst, self._ck, self._cc,
+                        self._ctok, self._cnext, self._meta)
+        self._used_bound = 0  # >= used node and child slots (meta[1:]), kept in Python: read meta rarely
 
     def __len__(self) -> int:
         """Stored output tokens (all keys)."""
@@ -91,8 +95,7 @@ class SuffixMemory:
         return int(self._meta[0])
 
     def _count(self, kid: int, arr: np.ndarray, base: int, start: int, end: int, sign: int) -> None:
-        load_kernels().memory_add(self._nk, self._ntot, self._nbest, self._nbestc, self._nfirst, self._ck, self._cc, self._ctok,
-             self._cnext, self._meta, kid, arr, base, start, end, self.depth, sign)
+        load_kernels().memory_add(*self._tables, kid, arr, base, start, end, self.depth, sign)
 
     def _rebuild(self, room: int) -> None:
         """Fresh tables sized for the surviving segments plus ``room`` new entries (load <= 1/4),
@@ -137,11 +140,14 @@ class SuffixMemory:
         kid = self._kids.get(key)
         if kid is None:
             kid = self._kids[key] = len(self._kids)
-        grow = self.depth * len(new)
-        meta = self._meta
-        if 2 * (max(meta[1], meta[2]) + grow) > len(self._nk):  # keep the load <= 1/2
-            self._rebuild(grow)
+        grow = self.depth * len(new)  # at most this many new nodes, and as many new children
+        if 2 * (self._used_bound + grow) > len(self._nk):  # keep the load <= 1/2
+            self._used_bound = int(max(self._meta[1], self._meta[2]))  # the bound drifts up: re-read
+            if 2 * (self._used_bound + grow) > len(self._nk):
+                self._rebuild(grow)
+                self._used_bound = int(max(self._meta[1], self._meta[2]))
         self._count(kid, arr, base, start, start + len(new), 1)
+        self._used_bound += grow
         toks.extend(new)
         self.tokens += len(new)
         while self.tokens > self.max_tokens and self._segments:

@@ -130,27 +130,25 @@ class LookaheadProposer:
         import torch
 
         cfg = self.config
+        argmax: Any
         if (cfg.layout != "2d" and cfg.policy in ("chain", "cost")
                 and len(runner.input_batch.req_ids) > cfg.pool_max_batch):
             # the target argmax feeds only the Jacobi iterate and the pool's trajectories, which these
             # policies skip above `pool_max_batch` rows: keep the verified counts, not the argmax
-            self._captured = (list(runner.input_batch.req_ids), None, list(spec_decode_metadata.num_draft_tokens))
-            return
-        if cfg.layout != "2d" and logits.device.type == "cpu" and logits.dtype == torch.float32:
+            argmax = None
+        elif cfg.layout != "2d" and logits.device.type == "cpu" and logits.dtype == torch.float32:
             # numpy's argmax over a CPU float32 batch is ~10x faster than torch's (26 vs 310 us for
             # 90 rows x 4096 on one thread): the capture is on every step's critical path
-            self._captured = (list(runner.input_batch.req_ids), logits.detach().numpy().argmax(axis=-1),
-                              list(spec_decode_metadata.num_draft_tokens))
-            return
-        argmax = logits.argmax(dim=-1)
-        if self.config.layout == "2d":
-            self._step2d = lade2d.verify_step(logits, argmax, spec_decode_metadata)
-        if argmax.device.type != "cpu":
-            host = torch.empty(argmax.shape, dtype=argmax.dtype, device="cpu", pin_memory=True)
-            host.copy_(argmax, non_blocking=True)  # read in propose(), after vLLM's bookkeeping sync
-            argmax = host
-        self._captured = (list(runner.input_batch.req_ids), argmax,
-                          list(spec_decode_metadata.num_draft_tokens))
+            argmax = logits.detach().numpy().argmax(axis=-1)
+        else:
+            argmax = logits.argmax(dim=-1)
+            if cfg.layout == "2d":
+                self._step2d = lade2d.verify_step(logits, argmax, spec_decode_metadata)
+            if argmax.device.type != "cpu":
+                host = torch.empty(argmax.shape, dtype=argmax.dtype, device="cpu", pin_memory=True)
+                host.copy_(argmax, non_blocking=True)  # read in propose(), after vLLM's bookkeeping sync
+                argmax = host
+        self._captured = (list(runner.input_batch.req_ids), argmax, list(spec_decode_metadata.num_draft_tokens))
 
     # Called by runner_patch inside GPUModelRunner._sample, after vLLM's own sampler.
     def finish_verification(self, runner: Any, sampler_output: Any) -> None:
@@ -199,14 +197,16 @@ class LookaheadProposer:
         ran_2d = {req.req_id: req for req in step2d.requests} if step2d is not None else {}
         rows = []
         known = self.drafter.states
+        n = len(sampled_token_ids)
+        # one conversion per step, not a numpy scalar per row (this loop runs for every row every step)
+        num_tokens = np.asarray(num_tokens_no_spec[:n]).tolist()
+        prompt_lens = np.asarray(batch.num_prompt_tokens[:n]).tolist()
         for i, new in enumerate(sampled_token_ids):
             rid = req_ids[i]
             # a 2D step's rows are not a chain: the chain state sees committed tokens only
             verified, am = (0, None) if rid in ran_2d else argmax_rows.get(rid, (0, None))
-            rows.append(RowStep(req_id=rid, context=token_ids_cpu[i], num_tokens=int(num_tokens_no_spec[i]),
-                                new_tokens=list(new), verified=int(verified), argmax=am,
-                                prompt_len=int(batch.num_prompt_tokens[i]),
-                                isolation_key=None if rid in known else isolation_key(runner.requests.get(rid))))
+            rows.append(RowStep(rid, token_ids_cpu[i], num_tokens[i], list(new), verified, am, prompt_lens[i],
+                                None if rid in known else isolation_key(runner.requests.get(rid))))
         drafts = self.drafter.step(rows)
         if self.config.layout == "2d":
             self._lade_drafts(runner, rows, drafts, ran_2d)
