@@ -136,10 +136,12 @@ class LookaheadProposer:
             # the target argmax feeds only the Jacobi iterate and the pool's trajectories, which these
             # policies skip above `pool_max_batch` rows: keep the verified counts, not the argmax
             argmax = None
-        elif cfg.layout != "2d" and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        elif cfg.layout != "2d" and logits.is_cpu and logits.dtype == torch.float32:
             # numpy's argmax over a CPU float32 batch is ~10x faster than torch's (26 vs 310 us for
-            # 90 rows x 4096 on one thread): the capture is on every step's critical path
-            argmax = logits.detach().numpy().argmax(axis=-1)
+            # 90 rows x 4096 on one thread): the capture is on every step's critical path.  For the same
+            # reason `is_cpu`, not `device.type` (measured inside the engine at batch 1: 1.9 us vs ~19 us
+            # for the device and dtype checks), and no `detach()` where the logits need none (9 vs 16 us)
+            argmax = (logits.detach() if logits.requires_grad else logits).numpy().argmax(axis=-1)
         else:
             argmax = logits.argmax(dim=-1)
             if cfg.layout == "2d":
