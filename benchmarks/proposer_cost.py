@@ -77,9 +77,12 @@ def main(argv: list[str] | None = None) -> int:
                        "us_per_row_max": vals[-1], "runs": runs}
         print(f"{policy}: {vals[len(vals) // 2]:.1f} us CPU per row (min {vals[0]:.1f}, max {vals[-1]:.1f})")
     if args.json:
+        from vllm_lookahead.bench import code_version
+
         args.json.write_text(json.dumps({"command": "python benchmarks/proposer_cost.py " + " ".join(
             argv if argv is not None else sys.argv[1:]), "batch": args.batch, "steps": args.steps, "k": args.k,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": out}, indent=1) + "\n")
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code": code_version(),
+            "results": out}, indent=1) + "\n")
     return 0
 
 

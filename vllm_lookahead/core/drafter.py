@@ -55,10 +55,16 @@ class RowStep:
     isolation_key: Hashable = None  # whose outputs this request may draft from (LoRA, tenant); read once
 
 
+_KERNELS_READY = False  # compile_kernels() ran in this process
+
+
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) the context scan and the output memory's kernels now, so
     that the first requests' steps do not pay it -- nor does the busy-batch guard, which would measure
-    drafting as slow while a kernel compiles."""
+    drafting as slow while a kernel compiles.  Once per process: the compiled code is shared."""
+    global _KERNELS_READY
+    if _KERNELS_READY:
+        return
     index = ContextIndex(1, 4)
     index.extend([1, 2, 1])
     index.lookup(2)
@@ -66,6 +72,7 @@ def compile_kernels() -> None:
     memory.extend("warm-up", None, [1, 2, 1, 2])
     memory.lookup(None, [1], 2)
     memory.forget("warm-up")
+    _KERNELS_READY = True
 
 
 def _count_above(p_cum: list[float], floor: float) -> int:
