@@ -119,6 +119,21 @@ def test_memory_is_bounded_by_tokens_and_evicts_oldest_first():
     assert mem.lookup(None, [52, 52], 2)[0] == []
 
 
+
+def test_memory_tables_stay_at_most_half_full_while_growing():
+    """The load check reads the kernel's slot counts only when a Python upper bound says the tables might
+    pass half full (core/suffix_memory.py, ``_used_bound``): the bound must never fall below the true
+    count, or the open-addressing tables could fill up (and a probe never end)."""
+    rng = random.Random(3)
+    mem = SuffixMemory(max_tokens=1000, depth=4)  # starts at the smallest tables; evicts past 1000 tokens
+    sizes = set()
+    for i in range(400):  # random tokens: nearly every context is new, so the tables grow and rebuild
+        mem.extend(f"r{i % 97}", None, [rng.randrange(50_000) for _ in range(rng.randint(1, 9))])
+        used = int(max(mem._meta[1], mem._meta[2]))
+        assert mem._used_bound >= used
+        assert 2 * used <= len(mem._nk)
+        sizes.add(len(mem._nk))
+    assert len(sizes) > 1  # it did grow (rebuilt) along the way
 def test_memory_isolation_key_separates_tenants():
     """Outputs stored under one isolation key never draft for another -- in the memory and through the
     drafter, where the key comes from the request (LoRA adapter / tenant)."""
