@@ -129,7 +129,7 @@ def test_memory_tables_stay_at_most_half_full_while_growing():
     sizes = set()
     for i in range(400):  # random tokens: nearly every context is new, so the tables grow and rebuild
         mem.extend(f"r{i % 97}", None, [rng.randrange(50_000) for _ in range(rng.randint(1, 9))])
-        used = int(max(mem._meta[1], mem._meta[2]))
+        used = mem._used_slots()
         assert mem._used_bound >= used
         assert 2 * used <= len(mem._nk)
         sizes.add(len(mem._nk))

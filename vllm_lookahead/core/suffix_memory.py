@@ -97,10 +97,15 @@ class SuffixMemory:
     def _count(self, kid: int, arr: np.ndarray, base: int, start: int, end: int, sign: int) -> None:
         load_kernels().memory_add(*self._tables, kid, arr, base, start, end, self.depth, sign)
 
+    def _used_slots(self) -> int:
+        """Node or child slots in use, whichever is more (the kernel's counts; entries are never freed
+        before a rebuild)."""
+        return int(max(self._meta[1], self._meta[2]))
+
     def _rebuild(self, room: int) -> None:
         """Fresh tables sized for the surviving segments plus ``room`` new entries (load <= 1/4),
         refilled from the segments: entries no stored output follows any more are dropped."""
-        need = 4 * (int(max(self._meta[1], self._meta[2])) + room)  # used now >= live after the rebuild
+        need = 4 * (self._used_slots() + room)  # used now >= live after the rebuild
         slots = self._MIN_SLOTS
         while slots < need:
             slots <<= 1
@@ -142,10 +147,10 @@ class SuffixMemory:
             kid = self._kids[key] = len(self._kids)
         grow = self.depth * len(new)  # at most this many new nodes, and as many new children
         if 2 * (self._used_bound + grow) > len(self._nk):  # keep the load <= 1/2
-            self._used_bound = int(max(self._meta[1], self._meta[2]))  # the bound drifts up: re-read
+            self._used_bound = self._used_slots()  # the bound drifts up: re-read
             if 2 * (self._used_bound + grow) > len(self._nk):
                 self._rebuild(grow)
-                self._used_bound = int(max(self._meta[1], self._meta[2]))
+                self._used_bound = self._used_slots()
         self._count(kid, arr, base, start, start + len(new), 1)
         self._used_bound += grow
         toks.extend(new)
