@@ -72,7 +72,7 @@ def test_memory_with_eviction_matches_the_surviving_outputs(segs, ctxs, depth, m
                 continue
             mem.extend(i, "k", piece)
             index.extend(piece)
-            fast.extend_from(i, "k", index.tokens, index.buf, len(index.tokens) - len(piece))
+            fast.extend_rows(index.buf, [(i, "k", index.tokens, 0, len(index.tokens) - len(piece))])
             alive.setdefault(i, []).extend(piece)
             while sum(map(len, alive.values())) > max_tokens:
                 alive.popitem(last=False)
@@ -92,6 +92,37 @@ def test_memory_with_eviction_matches_the_surviving_outputs(segs, ctxs, depth, m
                               if a[j:j + matched] == suffix)
                 assert nxt[toks[0]] == max(nxt.values())
                 assert probs[0] == pytest.approx(nxt[toks[0]] / (sum(nxt.values()) + 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(0, 4), min_size=0, max_size=6)),
+                                min_size=1, max_size=6), min_size=1, max_size=12),
+       depth=st.integers(1, 5), max_tokens=st.integers(1, 80))
+def test_memory_rows_in_one_call_count_as_one_extend_per_row(steps, depth, max_tokens):
+    """``extend_rows`` (the drafter's path: every row of a step in one kernel call, from the rows'
+    tokens side by side) stores exactly what one ``extend`` per row does: same tokens, same live
+    contexts, same look-ups -- across table rebuilds and evictions (small ``max_tokens``), with a
+    request's tokens arriving over several steps and several keys."""
+    one, rows = SuffixMemory(max_tokens, depth), SuffixMemory(max_tokens, depth)
+    committed: dict[int, list[int]] = {}
+    for step in steps:
+        batch, seen = [], set()
+        for req, new in step:
+            if req in seen:  # one row per request per step, as in the engine
+                continue
+            seen.add(req)
+            toks = committed.setdefault(req, [3])  # a one-token prompt, then output
+            lo = len(toks)
+            toks.extend(new)
+            one.extend(req, req % 2, new)
+            batch.append((req, req % 2, list(toks), lo))
+        flat = np.asarray([t for _, _, toks, _ in batch for t in toks], dtype=np.int32)
+        offs = np.cumsum([0] + [len(b[2]) for b in batch])
+        rows.extend_rows(flat, [(r, key, toks, int(off), lo) for (r, key, toks, lo), off in zip(batch, offs)])
+        assert len(one) == len(rows) and one.num_contexts() == rows.num_contexts()
+        for key in (0, 1):
+            for ctx in ([0], [1, 2], [4, 4, 4], [2, 0, 1, 3]):
+                assert rows.lookup(key, ctx, 3) == one.lookup(key, ctx, 3)
 
 
 def test_memory_eviction_re_finds_the_most_frequent_child():
@@ -341,3 +372,50 @@ def test_proposer_isolation_key_from_lora_and_tenant():
     assert isolation_key(req(lora="sql", extra={"tenant": 7})) == ("sql", "7")
     assert isolation_key(None) == (None, None)
     assert len({isolation_key(req(lora=a, extra={"tenant": t})) for a in ("x", "y") for t in ("1", "2")}) == 4
+
+
+def _replay(compiled: bool, seed: int, batch: int = 8, steps: int = 100, **cfg) -> tuple[list, dict]:
+    """Random decoding over a 12-token vocabulary (contexts and memory match often), a random prefix
+    of every draft accepted, three tenants, a request replaced by a new one now and then."""
+    d = LookaheadDrafter(LookaheadConfig(**cfg), 4)
+    d.compiled_rows = compiled
+    d._guard = lambda rows, live: "chain"  # fault injection: the drafting path, not the guard's timing
+    tick = iter(range(10**9))
+    d.clock = lambda: 0.01 * next(tick)  # policy "cost": the same step times in both runs
+    rng = random.Random(seed)
+    ctxs = [[rng.randrange(12) for _ in range(rng.randint(3, 40))] for _ in range(batch)]
+    plen = [len(c) for c in ctxs]
+    ids = [f"r{i}" for i in range(batch)]
+    drafts = d.step([RowStep(ids[i], np.array(c), len(c), [], 0, None, plen[i], isolation_key=i % 3)
+                     for i, c in enumerate(ctxs)])
+    seen = [drafts]
+    for s in range(steps):
+        rows = []
+        for i, dr in enumerate(drafts):
+            new = dr[: rng.randint(0, len(dr))] + [rng.randrange(12)]
+            ctxs[i] += new
+            rows.append(RowStep(ids[i], np.array(ctxs[i]), len(ctxs[i]), new, len(dr), None, plen[i],
+                                isolation_key=i % 3))
+        if s % 13 == 4:  # a request finishes, a new one joins (still prefilling: no tokens sampled)
+            j = rng.randrange(batch)
+            ids[j], ctxs[j] = f"n{s}", [rng.randrange(12) for _ in range(rng.randint(3, 40))]
+            plen[j] = len(ctxs[j])
+            rows[j] = RowStep(ids[j], np.array(ctxs[j]), plen[j], [], 0, None, plen[j], isolation_key=j % 3)
+        drafts = d.step(rows)
+        seen.append(drafts)
+    return seen, d.summary()["by_source"]
+
+
+@pytest.mark.parametrize("cfg", [{}, {"memory_tokens": 200}, {"memory_tokens": 0}, {"policy": "cost"},
+                                 {"memory_depth": 2, "max_match": 2, "chain_min_p": 0.2},
+                                 {"max_batch_draft_tokens": 9}])
+def test_compiled_rows_draft_exactly_what_propose_chain_drafts(cfg):
+    """Above ``pool_max_batch`` rows the drafter drafts with one compiled call per step
+    (``kernels.propose_rows``); it must be ``propose_chain``'s twin -- the same drafts at every step
+    (tokens, their floor cut, the batch budget) and the same sources credited -- with the memory on,
+    evicting, off, other depths, policy "cost", and requests leaving and joining."""
+    for seed in range(3):
+        fast, fast_src = _replay(True, seed, **cfg)
+        ref, ref_src = _replay(False, seed, **cfg)
+        assert fast == ref and fast_src == ref_src
+        assert sum(len(d) for step in fast for d in step) > 100  # the replay did draft

@@ -82,6 +82,10 @@ class AcceptanceTable:
             ev[c], acc[c] = e, a
             p[c] = (a + w * prior[c]) / (e + w)
 
+    def p_array(self) -> np.ndarray:
+        """The estimates as a float64 array (the compiled proposer's input)."""
+        return np.array(self.p, dtype=np.float64)
+
     def summary(self) -> dict[str, list[float]]:
         return {"p": [round(x, 3) for x in self.p], "evaluated": [round(x, 1) for x in self.evaluated]}
 

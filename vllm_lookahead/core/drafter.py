@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arbiter import LayoutArbiter
-from .chain import AcceptanceTable, propose_chain
+from .chain import CTX0, DEPTHS, MEM0, SOURCE_MEMORY, AcceptanceTable, propose_chain
 from .config import LookaheadConfig
 from .context_index import ContextIndex
 from .cost_model import StepCostModel, threshold_allocate
+from .jit import load_kernels
 from .pool import NGramPool
-from .state import SOURCE_NONE, RequestState
+from .state import SOURCE_CONTEXT, SOURCE_NONE, RequestState
 from .suffix_memory import SuffixMemory
 
 
@@ -54,6 +55,10 @@ class RowStep:
     prompt_len: int = 0
     isolation_key: Hashable = None  # whose outputs this request may draft from (LoRA, tenant); read once
 
+
+_SOURCES = (SOURCE_NONE, SOURCE_CONTEXT, SOURCE_MEMORY)  # kernels.SRC_NONE, SRC_CONTEXT, SRC_MEMORY
+_EMPTY = np.zeros(0, dtype=np.int32)
+_NO_KEYS, _NO_COUNTS = np.zeros(1, dtype=np.uint64), np.zeros(1, dtype=np.int32)  # no memory: never read
 
 _KERNELS_READY = False  # compile_kernels() ran in this process
 
@@ -102,6 +107,14 @@ class LookaheadDrafter:
         self.memory = (SuffixMemory(cfg.memory_tokens, cfg.memory_depth)
                        if cfg.policy in ("chain", "cost") and cfg.memory_tokens > 0 else None)
         self.table = AcceptanceTable()
+        # without the pool, draft with kernels.propose_rows (one call per step; False: propose_chain per
+        # row -- the same drafts, the reference the tests compare it with)
+        self.compiled_rows = True
+        depth = cfg.memory_depth
+        # kernels.propose_rows' scratch: memory walk (context + draft, probabilities), tail, one candidate
+        self._scratch = (np.zeros(depth + self.k + 1, dtype=np.int32), np.zeros(self.k + 1, dtype=np.float64),
+                         np.zeros(depth, dtype=np.int32), np.zeros(self.k, dtype=np.int32),
+                         np.zeros(self.k, dtype=np.int64), np.zeros(self.k, dtype=np.float64))
         self.cost = StepCostModel(margin=cfg.cost_margin)
         self.clock = time.perf_counter  # replaceable in tests
         self._last_step: tuple[set[str], int, int, float] | None = None  # ids, rows, drafts, start time
@@ -237,29 +250,41 @@ class LookaheadDrafter:
                 st.hist_accepted = d * st.hist_accepted + accepted
                 st.hist_expected = d * st.hist_expected + sum(probs[:verified])  # E[accepted] = sum p_cum
             st.last_cells, st.last_p = [], []
-            start = st.memory_seen if st.memory_seen > row.prompt_len else row.prompt_len
-            if memory is not None and row.num_tokens > start:
-                toks = st.index.tokens
-                memory.extend_from(row.req_id, st.isolation_key, toks, st.index.buf, len(toks) - (row.num_tokens - start))
-            st.memory_seen = row.num_tokens
             states.append(st)
-        cands = []
-        for row, st in zip(rows, states):
-            if not row.new_tokens:  # still in prefill: nothing to draft from yet
-                cands.append(([], [], []))
-                continue
-            draft, cells, pc, source = propose_chain(st, self.k, table, memory, use_pool)
-            st.last_source = source
-            cands.append((draft, cells, pc))
-        if chain:
-            floor = self.chain_floor(len(rows))
+        # every row's committed tokens side by side: the memory counts them and (without the pool) the
+        # compiled twin of propose_chain drafts from them, one kernel call each for the whole step
+        lens = [len(st.index.tokens) for st in states]
+        flat = np.concatenate([st.index.buf[:n] for st, n in zip(states, lens)]) if states else _EMPTY
+        offs = np.zeros(len(states), dtype=np.int64)
+        np.cumsum(lens[:-1], out=offs[1:])
+        if memory is not None:
+            offs_l = offs.tolist()
+            fresh = []
+            for i, (row, st) in enumerate(zip(rows, states)):
+                start = st.memory_seen if st.memory_seen > row.prompt_len else row.prompt_len
+                if row.num_tokens > start:
+                    fresh.append((row.req_id, st.isolation_key, st.index.tokens, offs_l[i],
+                                  lens[i] - (row.num_tokens - start)))
+                st.memory_seen = row.num_tokens
+            memory.extend_rows(flat, fresh)
+        floor = self.chain_floor(len(rows)) if chain else 0.0
+        if use_pool or not self.compiled_rows:
+            cands = []
+            for row, st in zip(rows, states):
+                if not row.new_tokens:  # still in prefill: nothing to draft from yet
+                    cands.append(([], [], []))
+                    continue
+                draft, cells, pc, source = propose_chain(st, self.k, table, memory, use_pool)
+                st.last_source = source
+                cands.append((draft, cells, pc))
             # p_cum does not increase along a draft: each row's count is its prefix above the floor
             counts = [_count_above(pc, floor) for _, _, pc in cands]
-            if sum(counts) > self.cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
-                counts = threshold_allocate(*self._flat(cands), len(rows), floor,
-                                            self.cfg.max_batch_draft_tokens).tolist()
         else:
+            cands, counts = self._propose_rows(rows, states, flat, offs, lens, floor)
+        if not chain:
             counts = self.cost.allocate(*self._flat(cands), len(rows), max_total=self.cfg.max_batch_draft_tokens).tolist()
+        elif sum(counts) > self.cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
+            counts = threshold_allocate(*self._flat(cands), len(rows), floor, self.cfg.max_batch_draft_tokens).tolist()
         out = []
         total = 0
         for st, (draft, cells, pc), n in zip(states, cands, counts):
@@ -272,6 +297,39 @@ class LookaheadDrafter:
         if not chain:  # the step-time model's next observation (policy "cost")
             self._last_step = (live, len(rows) + total, total, now)
         return out
+
+    def _propose_rows(self, rows: list[RowStep], states: list[RequestState], flat: np.ndarray, offs: np.ndarray,
+                      lens: list[int], floor: float) -> tuple[list[tuple[list[int], list[int], list[float]]], list[int]]:
+        """``propose_chain`` without pool and Jacobi for every row, in one compiled call
+        (``kernels.propose_rows``, the same drafts): the candidates (tokens, cells, p_cum) and how many
+        of each clear ``floor``.  Why: above ``pool_max_batch`` rows the proposer's cost is Python per
+        row; this keeps to one pass that reads a few attributes of each row."""
+        n, k, memory = len(rows), self.k, self.memory
+        kids_of = memory._kids if memory is not None else {}
+        active = np.array([len(r.new_tokens) > 0 for r in rows], dtype=np.bool_)  # prefilling rows: no draft
+        hist = np.array([(st.hist_accepted, st.hist_expected, kids_of.get(st.isolation_key, -1)) for st in states],
+                        dtype=np.float64).reshape(n, 3)
+        out_tok = np.zeros((n, k), dtype=np.int32)
+        out_cell = np.zeros((n, k), dtype=np.int64)
+        out_pc = np.zeros((n, k), dtype=np.float64)
+        out_len, out_src, out_count = (np.zeros(n, dtype=np.int64) for _ in range(3))
+        s = self._scratch
+        if memory is not None:
+            tables = (memory._nk, memory._ntot, memory._nbest, memory._nbestc, memory.depth)
+        else:
+            tables = (_NO_KEYS, _NO_COUNTS, _NO_COUNTS, _NO_COUNTS, 1)
+        load_kernels().propose_rows(
+            flat, offs, np.where(active, np.asarray(lens, dtype=np.int64), 0), hist[:, 2].astype(np.int64),
+            hist[:, 0], hist[:, 1], self.table.p_array(), k, self.cfg.min_match, self.cfg.max_match, *tables, floor,
+            CTX0, MEM0, DEPTHS, s[0], s[1], s[2], s[3], s[4], s[5], out_tok, out_cell, out_pc, out_len, out_src,
+            out_count)
+        tl, cl, pl, ln, src = out_tok.tolist(), out_cell.tolist(), out_pc.tolist(), out_len.tolist(), out_src.tolist()
+        cands = []
+        for i, st in enumerate(states):
+            m = ln[i]
+            st.last_source = _SOURCES[src[i]]
+            cands.append((tl[i][:m], cl[i][:m], pl[i][:m]))
+        return cands, out_count.tolist()
 
     @staticmethod
     def _flat(cands: list[tuple[list[int], list, list[float]]]) -> tuple[np.ndarray, np.ndarray]:

@@ -171,3 +171,108 @@ def memory_lookup(nk, ntot, nbest, nbestc, kid, ctx, n_ctx, depth, max_tokens, m
         if node < 0:
             break
     return out, matched, n
+
+
+@compiled
+def memory_add_rows(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kids, arr, bases, starts, ends, depth,
+                    sign):
+    """``memory_add`` for many segments in one call (one per request row of a step): row ``r`` counts
+    ``arr[starts[r]:ends[r]]`` after ``arr[bases[r]:starts[r]]`` under ``kids[r]``.  Why one call: a
+    kernel call unboxes its 17 arguments every time (a few microseconds), per row per step otherwise."""
+    for r in range(len(kids)):
+        memory_add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kids[r], arr, bases[r], starts[r],
+                   ends[r], depth, sign)
+
+
+# policy "chain"'s sources and evidence buckets as numbers (core/chain.py defines them; these must agree:
+# tests/core/test_chain.py checks the twin below against ``propose_chain``)
+SRC_NONE, SRC_CONTEXT, SRC_MEMORY = 0, 1, 2
+
+
+@njit(inline="always")
+def _mem_cell(matched, f, j, mem0, depths):
+    base = mem0 + 4 * (0 if matched <= 2 else (1 if matched <= 5 else 2))
+    b = base + (0 if f < 0.4 else (1 if f < 0.7 else (2 if f < 0.9 else 3)))
+    return b * depths + min(j, depths - 1)
+
+
+@compiled
+def propose_rows(flat, offs, lens, kids, hist_a, hist_e, p, k, min_match, max_match, nk, ntot, nbest, nbestc, depth,
+                 floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p,
+                 out_tok, out_cell, out_pc, out_len, out_src, out_count):
+    """``core.chain.propose_chain`` without the pool and the Jacobi iterate, for every row at once.
+
+    Row ``r``'s committed tokens are ``flat[offs[r]:offs[r] + lens[r]]`` (``lens[r]`` 0: no draft, e.g.
+    still prefilling); ``kids[r]`` its isolation key's id in the memory (-1: nothing stored under it, or
+    no memory).  Per row: the context match and the memory's longest match, each scored by expected
+    committed tokens (sum of p_cum, p_cum = prod of min(p[cell] * rho, 0.98)); the better one, if short,
+    continues with what the memory says follows it; then how many leading tokens have p_cum >= ``floor``.
+    Writes the full candidate (``out_tok``/``out_cell``/``out_pc``, ``out_len`` tokens, source
+    ``out_src``) and the count above the floor (``out_count``).  The float arithmetic is the Python
+    code's, in the same order, so the cut falls at the same token."""
+    for r in range(len(offs)):
+        out_len[r] = 0
+        out_src[r] = SRC_NONE
+        out_count[r] = 0
+        n = lens[r]
+        if n == 0:
+            continue
+        ctx = flat[offs[r] : offs[r] + n]
+        rho = min(max((hist_a[r] + 1.0) / (hist_e[r] + 1.0), 0.3), 1.6)
+        best_total = 0.0
+        best_len = 0
+        end, m = longest_suffix_match(ctx, n, min_match, max_match)
+        if end >= 0:
+            length = min(k, n - end)
+            bucket = ctx0 + min(m, 4) - 1
+            acc = 1.0
+            total = 0.0
+            for j in range(length):
+                c = bucket * depths + min(j, depths - 1)
+                acc *= min(p[c] * rho, 0.98)
+                cand_t[j] = ctx[end + j]
+                cand_c[j] = c
+                cand_p[j] = acc
+                total += acc
+            if total > best_total:
+                best_total, best_len = total, length
+                out_src[r] = SRC_CONTEXT
+                for j in range(length):
+                    out_tok[r, j], out_cell[r, j], out_pc[r, j] = cand_t[j], cand_c[j], cand_p[j]
+        kid = kids[r]
+        if kid >= 0:
+            got, matched, at = memory_lookup(nk, ntot, nbest, nbestc, kid, ctx, n, depth, k, 0.0, scratch, probs)
+            if got > 0:
+                acc = 1.0
+                total = 0.0
+                for j in range(got):
+                    c = _mem_cell(matched, probs[j], j, mem0, depths)
+                    acc *= min(p[c] * rho, 0.98)
+                    cand_t[j] = scratch[at + j]
+                    cand_c[j] = c
+                    cand_p[j] = acc
+                    total += acc
+                if total > best_total:
+                    best_total, best_len = total, got
+                    out_src[r] = SRC_MEMORY
+                    for j in range(got):
+                        out_tok[r, j], out_cell[r, j], out_pc[r, j] = cand_t[j], cand_c[j], cand_p[j]
+            if 0 < best_len < k:
+                # a short chain continues with what the memory says follows (context tail + draft)
+                t = min(depth, n + best_len)
+                for j in range(t):
+                    q = n + best_len - t + j  # position in context + draft
+                    tail[j] = ctx[q] if q < n else out_tok[r, q - n]
+                got, matched, at = memory_lookup(nk, ntot, nbest, nbestc, kid, tail, t, depth, k - best_len, 0.0,
+                                                 scratch, probs)
+                acc = out_pc[r, best_len - 1]
+                for j in range(got):
+                    c = _mem_cell(matched, probs[j], best_len + j, mem0, depths)
+                    acc *= min(p[c] * rho, 0.98)
+                    out_tok[r, best_len + j], out_cell[r, best_len + j], out_pc[r, best_len + j] = scratch[at + j], c, acc
+                best_len += got
+        out_len[r] = best_len
+        cnt = 0
+        while cnt < best_len and out_pc[r, cnt] >= floor:
+            cnt += 1
+        out_count[r] = cnt
