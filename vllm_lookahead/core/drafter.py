@@ -235,7 +235,11 @@ class LookaheadDrafter:
         # LADE's pool and Jacobi iterate: their drafts are accepted least often, so they pay only where
         # rows are cheap; above `pool_max_batch` rows their upkeep (indexing, trajectories) is skipped
         use_pool = len(rows) <= self.cfg.pool_max_batch
-        states = []
+        states: list[RequestState] = []
+        # every row's committed tokens side by side (`flat`, row i at offs[i]): the memory counts them and
+        # (without the pool) the compiled twin of propose_chain drafts from them, one kernel call each
+        parts, lens, fresh = [], [], []
+        off = 0
         known = self.states
         for row in rows:
             st = known.get(row.req_id) or self._state(row)
@@ -251,21 +255,17 @@ class LookaheadDrafter:
                 st.hist_expected = d * st.hist_expected + sum(probs[:verified])  # E[accepted] = sum p_cum
             st.last_cells, st.last_p = [], []
             states.append(st)
-        # every row's committed tokens side by side: the memory counts them and (without the pool) the
-        # compiled twin of propose_chain drafts from them, one kernel call each for the whole step
-        lens = [len(st.index.tokens) for st in states]
-        flat = np.concatenate([st.index.buf[:n] for st, n in zip(states, lens)]) if states else _EMPTY
-        offs = np.zeros(len(states), dtype=np.int64)
-        np.cumsum(lens[:-1], out=offs[1:])
+            n = len(st.index.tokens)
+            parts.append(st.index.buf[:n])
+            lens.append(n)
+            # the output tokens the memory has not seen (never the prompt), counted from `flat`
+            start = st.memory_seen if st.memory_seen > row.prompt_len else row.prompt_len
+            if row.num_tokens > start:
+                fresh.append((row.req_id, st.isolation_key, st.index.tokens, off, n - (row.num_tokens - start)))
+            st.memory_seen = row.num_tokens
+            off += n
+        flat = np.concatenate(parts) if parts else _EMPTY
         if memory is not None:
-            offs_l = offs.tolist()
-            fresh = []
-            for i, (row, st) in enumerate(zip(rows, states)):
-                start = st.memory_seen if st.memory_seen > row.prompt_len else row.prompt_len
-                if row.num_tokens > start:
-                    fresh.append((row.req_id, st.isolation_key, st.index.tokens, offs_l[i],
-                                  lens[i] - (row.num_tokens - start)))
-                st.memory_seen = row.num_tokens
             memory.extend_rows(flat, fresh)
         floor = self.chain_floor(len(rows)) if chain else 0.0
         if use_pool or not self.compiled_rows:
@@ -280,7 +280,7 @@ class LookaheadDrafter:
             # p_cum does not increase along a draft: each row's count is its prefix above the floor
             counts = [_count_above(pc, floor) for _, _, pc in cands]
         else:
-            cands, counts = self._propose_rows(rows, states, flat, offs, lens, floor)
+            cands, counts = self._propose_rows(rows, states, flat, lens, floor)
         if not chain:
             counts = self.cost.allocate(*self._flat(cands), len(rows), max_total=self.cfg.max_batch_draft_tokens).tolist()
         elif sum(counts) > self.cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
@@ -298,28 +298,28 @@ class LookaheadDrafter:
             self._last_step = (live, len(rows) + total, total, now)
         return out
 
-    def _propose_rows(self, rows: list[RowStep], states: list[RequestState], flat: np.ndarray, offs: np.ndarray,
-                      lens: list[int], floor: float) -> tuple[list[tuple[list[int], list[int], list[float]]], list[int]]:
+    def _propose_rows(self, rows: list[RowStep], states: list[RequestState], flat: np.ndarray, lens: list[int],
+                      floor: float) -> tuple[list[tuple[list[int], list[int], list[float]]], list[int]]:
         """``propose_chain`` without pool and Jacobi for every row, in one compiled call
         (``kernels.propose_rows``, the same drafts): the candidates (tokens, cells, p_cum) and how many
         of each clear ``floor``.  Why: above ``pool_max_batch`` rows the proposer's cost is Python per
         row; this keeps to one pass that reads a few attributes of each row."""
         n, k, memory = len(rows), self.k, self.memory
-        kids_of = memory._kids if memory is not None else {}
         active = np.array([len(r.new_tokens) > 0 for r in rows], dtype=np.bool_)  # prefilling rows: no draft
-        hist = np.array([(st.hist_accepted, st.hist_expected, kids_of.get(st.isolation_key, -1)) for st in states],
-                        dtype=np.float64).reshape(n, 3)
+        hist = np.array([(st.hist_accepted, st.hist_expected) for st in states], dtype=np.float64).reshape(n, 2)
+        kid_of = memory.key_id if memory is not None else (lambda key: -1)
+        kids = np.array([kid_of(st.isolation_key) for st in states], dtype=np.int64)
+        sizes = np.asarray(lens, dtype=np.int64)
+        offs = np.zeros(n, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=offs[1:])
         out_tok = np.zeros((n, k), dtype=np.int32)
         out_cell = np.zeros((n, k), dtype=np.int64)
         out_pc = np.zeros((n, k), dtype=np.float64)
         out_len, out_src, out_count = (np.zeros(n, dtype=np.int64) for _ in range(3))
         s = self._scratch
-        if memory is not None:
-            tables = (memory._nk, memory._ntot, memory._nbest, memory._nbestc, memory.depth)
-        else:
-            tables = (_NO_KEYS, _NO_COUNTS, _NO_COUNTS, _NO_COUNTS, 1)
+        tables = memory.lookup_tables() if memory is not None else (_NO_KEYS, _NO_COUNTS, _NO_COUNTS, _NO_COUNTS, 1)
         load_kernels().propose_rows(
-            flat, offs, np.where(active, np.asarray(lens, dtype=np.int64), 0), hist[:, 2].astype(np.int64),
+            flat, offs, np.where(active, sizes, 0), kids,
             hist[:, 0], hist[:, 1], self.table.p_array(), k, self.cfg.min_match, self.cfg.max_match, *tables, floor,
             CTX0, MEM0, DEPTHS, s[0], s[1], s[2], s[3], s[4], s[5], out_tok, out_cell, out_pc, out_len, out_src,
             out_count)

@@ -94,6 +94,16 @@ class SuffixMemory:
         """Stored contexts (suffix-tree nodes) that some stored output still follows, all keys."""
         return int(self._meta[0])
 
+    def key_id(self, key: Hashable) -> int:
+        """The integer an isolation key's hashes mix in (the compiled look-ups' ``kid``); -1 if nothing
+        was ever stored under ``key``."""
+        return self._kids.get(key, -1)
+
+    def lookup_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """What a compiled look-up reads (``kernels.memory_lookup``): node keys, totals, most frequent next
+        token and its count, and the depth.  Valid until the next extend (a rebuild replaces them)."""
+        return self._nk, self._ntot, self._nbest, self._nbestc, self.depth
+
     def _count(self, kid: int, arr: np.ndarray, base: int, start: int, end: int, sign: int) -> None:
         load_kernels().memory_add(*self._tables, kid, arr, base, start, end, self.depth, sign)
 
