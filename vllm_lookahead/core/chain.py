@@ -69,22 +69,19 @@ class AcceptanceTable:
         self.evaluated = [0.0] * (BUCKETS * DEPTHS)
         self.accepted = [0.0] * (BUCKETS * DEPTHS)
         self.p: list[float] = list(self.prior)
+        self.p_array = np.array(self.p, dtype=np.float64)  # the same estimates for the compiled proposer
 
     def record(self, cells: list[int], verified: int, accepted: int) -> None:
         """The first ``verified`` tokens of a draft with these cells were verified, ``accepted`` of
         them accepted: tokens 1..accepted+1 were evaluated (each given its predecessors).  The touched
         cells' estimates are updated at once (a few floats; no per-step pass over the table)."""
-        ev, acc, p, w, prior = self.evaluated, self.accepted, self.p, self.weight, self.prior
+        ev, acc, p, w, prior, arr = self.evaluated, self.accepted, self.p, self.weight, self.prior, self.p_array
         for j, c in enumerate(cells[: min(accepted + 1, verified)]):
             e, a = ev[c] + 1.0, acc[c] + (1.0 if j < accepted else 0.0)
             if e > self.cap:
                 e, a = 0.5 * e, 0.5 * a
             ev[c], acc[c] = e, a
-            p[c] = (a + w * prior[c]) / (e + w)
-
-    def p_array(self) -> np.ndarray:
-        """The estimates as a float64 array (the compiled proposer's input)."""
-        return np.array(self.p, dtype=np.float64)
+            p[c] = arr[c] = (a + w * prior[c]) / (e + w)
 
     def summary(self) -> dict[str, list[float]]:
         return {"p": [round(x, 3) for x in self.p], "evaluated": [round(x, 1) for x in self.evaluated]}

@@ -64,20 +64,28 @@ _KERNELS_READY = False  # compile_kernels() ran in this process
 
 
 def compile_kernels() -> None:
-    """Compile (or load from numba's cache) the context scan and the output memory's kernels now, so
-    that the first requests' steps do not pay it -- nor does the busy-batch guard, which would measure
-    drafting as slow while a kernel compiles.  Once per process: the compiled code is shared."""
+    """Compile (or load from numba's cache) the drafter's kernels now -- context scan, the output memory's
+    count and look-up, the compiled rows -- so that the first requests' steps do not pay it (tens of ms),
+    nor does the busy-batch guard, which would measure drafting as slow while a kernel compiles.  Once
+    per process: the compiled code is shared.  Why a real drafter's steps: numba compiles one version
+    per argument types, and these are the types the engine's steps pass."""
     global _KERNELS_READY
     if _KERNELS_READY:
         return
+    _KERNELS_READY = True  # (the drafter below calls this function again)
     index = ContextIndex(1, 4)
     index.extend([1, 2, 1])
     index.lookup(2)
+    for memory_tokens in (64, 0):  # with the memory, and without it
+        warm = LookaheadDrafter(LookaheadConfig(memory_tokens=memory_tokens, pool_max_batch=0), 2)
+        warm._guard = lambda rows, live: "chain"
+        ctx = [1, 2, 3, 1, 2, 3, 1, 2]
+        warm.step([RowStep(f"r{i}", ctx[:6], 6, [3], prompt_len=2) for i in range(2)])
+        warm.step([RowStep(f"r{i}", np.asarray(ctx, dtype=np.int32), 8, [1, 2], 1, prompt_len=2) for i in range(2)])
     memory = SuffixMemory(8, 2)
     memory.extend("warm-up", None, [1, 2, 1, 2])
     memory.lookup(None, [1], 2)
     memory.forget("warm-up")
-    _KERNELS_READY = True
 
 
 def _count_above(p_cum: list[float], floor: float) -> int:
@@ -110,6 +118,7 @@ class LookaheadDrafter:
         # without the pool, draft with kernels.propose_rows (one call per step; False: propose_chain per
         # row -- the same drafts, the reference the tests compare it with)
         self.compiled_rows = True
+        self._outputs: tuple[np.ndarray, ...] | None = None  # kernels.propose_rows' outputs, reused
         depth = cfg.memory_depth
         # kernels.propose_rows' scratch: memory walk (context + draft, probabilities), tail, one candidate
         self._scratch = (np.zeros(depth + self.k + 1, dtype=np.int32), np.zeros(self.k + 1, dtype=np.float64),
@@ -238,7 +247,7 @@ class LookaheadDrafter:
         states: list[RequestState] = []
         # every row's committed tokens side by side (`flat`, row i at offs[i]): the memory counts them and
         # (without the pool) the compiled twin of propose_chain drafts from them, one kernel call each
-        parts, lens, fresh = [], [], []
+        parts, offs, sizes, fresh = [], [], [], []  # sizes: 0 for a row still prefilling (no draft)
         off = 0
         known = self.states
         for row in rows:
@@ -257,7 +266,8 @@ class LookaheadDrafter:
             states.append(st)
             n = len(st.index.tokens)
             parts.append(st.index.buf[:n])
-            lens.append(n)
+            offs.append(off)
+            sizes.append(n if row.new_tokens else 0)
             # the output tokens the memory has not seen (never the prompt), counted from `flat`
             start = st.memory_seen if st.memory_seen > row.prompt_len else row.prompt_len
             if row.num_tokens > start:
@@ -280,7 +290,7 @@ class LookaheadDrafter:
             # p_cum does not increase along a draft: each row's count is its prefix above the floor
             counts = [_count_above(pc, floor) for _, _, pc in cands]
         else:
-            cands, counts = self._propose_rows(rows, states, flat, lens, floor)
+            cands, counts = self._propose_rows(states, flat, offs, sizes, floor)
         if not chain:
             counts = self.cost.allocate(*self._flat(cands), len(rows), max_total=self.cfg.max_batch_draft_tokens).tolist()
         elif sum(counts) > self.cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
@@ -298,38 +308,38 @@ class LookaheadDrafter:
             self._last_step = (live, len(rows) + total, total, now)
         return out
 
-    def _propose_rows(self, rows: list[RowStep], states: list[RequestState], flat: np.ndarray, lens: list[int],
+    def _propose_rows(self, states: list[RequestState], flat: np.ndarray, offs: list[int], sizes: list[int],
                       floor: float) -> tuple[list[tuple[list[int], list[int], list[float]]], list[int]]:
         """``propose_chain`` without pool and Jacobi for every row, in one compiled call
         (``kernels.propose_rows``, the same drafts): the candidates (tokens, cells, p_cum) and how many
-        of each clear ``floor``.  Why: above ``pool_max_batch`` rows the proposer's cost is Python per
-        row; this keeps to one pass that reads a few attributes of each row."""
-        n, k, memory = len(rows), self.k, self.memory
-        active = np.array([len(r.new_tokens) > 0 for r in rows], dtype=np.bool_)  # prefilling rows: no draft
-        hist = np.array([(st.hist_accepted, st.hist_expected) for st in states], dtype=np.float64).reshape(n, 2)
+        of each clear ``floor``.  Row i's tokens are ``flat[offs[i]:offs[i] + sizes[i]]`` (size 0: no
+        draft).  Why: above ``pool_max_batch`` rows the proposer's cost was Python per row; here it is a
+        few attribute reads per row and a fixed handful of array operations per step (each a
+        microsecond or more: the outputs are reused while the batch keeps its size)."""
+        n, k, memory = len(states), self.k, self.memory
+        bounds = np.array((offs, sizes), dtype=np.int64)
+        # the requests' decayed accepted and expected tokens, as two contiguous rows
+        hist = np.array(([st.hist_accepted for st in states], [st.hist_expected for st in states]), dtype=np.float64)
         kid_of = memory.key_id if memory is not None else (lambda key: -1)
         kids = np.array([kid_of(st.isolation_key) for st in states], dtype=np.int64)
-        sizes = np.asarray(lens, dtype=np.int64)
-        offs = np.zeros(n, dtype=np.int64)
-        np.cumsum(sizes[:-1], out=offs[1:])
-        out_tok = np.zeros((n, k), dtype=np.int32)
-        out_cell = np.zeros((n, k), dtype=np.int64)
-        out_pc = np.zeros((n, k), dtype=np.float64)
-        out_len, out_src, out_count = (np.zeros(n, dtype=np.int64) for _ in range(3))
+        out = self._outputs
+        if out is None or len(out[0]) != n:
+            out = self._outputs = (np.zeros((n, k), dtype=np.int32), np.zeros((n, k), dtype=np.int64),
+                                   np.zeros((n, k), dtype=np.float64), np.zeros((3, n), dtype=np.int64))
+        out_tok, out_cell, out_pc, out_meta = out  # out_meta: length, source, count above the floor
         s = self._scratch
         tables = memory.lookup_tables() if memory is not None else (_NO_KEYS, _NO_COUNTS, _NO_COUNTS, _NO_COUNTS, 1)
         load_kernels().propose_rows(
-            flat, offs, np.where(active, sizes, 0), kids,
-            hist[:, 0], hist[:, 1], self.table.p_array(), k, self.cfg.min_match, self.cfg.max_match, *tables, floor,
-            CTX0, MEM0, DEPTHS, s[0], s[1], s[2], s[3], s[4], s[5], out_tok, out_cell, out_pc, out_len, out_src,
-            out_count)
-        tl, cl, pl, ln, src = out_tok.tolist(), out_cell.tolist(), out_pc.tolist(), out_len.tolist(), out_src.tolist()
+            flat, bounds[0], bounds[1], kids, hist[0], hist[1], self.table.p_array, k, self.cfg.min_match,
+            self.cfg.max_match, *tables, floor, CTX0, MEM0, DEPTHS, s[0], s[1], s[2], s[3], s[4], s[5], out_tok,
+            out_cell, out_pc, out_meta[0], out_meta[1], out_meta[2])
+        tl, cl, pl, (ln, src, counts) = out_tok.tolist(), out_cell.tolist(), out_pc.tolist(), out_meta.tolist()
         cands = []
         for i, st in enumerate(states):
             m = ln[i]
             st.last_source = _SOURCES[src[i]]
             cands.append((tl[i][:m], cl[i][:m], pl[i][:m]))
-        return cands, out_count.tolist()
+        return cands, counts
 
     @staticmethod
     def _flat(cands: list[tuple[list[int], list, list[float]]]) -> tuple[np.ndarray, np.ndarray]:
