@@ -72,20 +72,23 @@ def compile_kernels() -> None:
     global _KERNELS_READY
     if _KERNELS_READY:
         return
-    _KERNELS_READY = True  # (the drafter below calls this function again)
-    index = ContextIndex(1, 4)
-    index.extend([1, 2, 1])
-    index.lookup(2)
-    for memory_tokens in (64, 0):  # with the memory, and without it
-        warm = LookaheadDrafter(LookaheadConfig(memory_tokens=memory_tokens, pool_max_batch=0), 2)
-        warm._guard = lambda rows, live: "chain"
-        ctx = [1, 2, 3, 1, 2, 3, 1, 2]
-        warm.step([RowStep(f"r{i}", ctx[:6], 6, [3], prompt_len=2) for i in range(2)])
-        warm.step([RowStep(f"r{i}", np.asarray(ctx, dtype=np.int32), 8, [1, 2], 1, prompt_len=2) for i in range(2)])
-    memory = SuffixMemory(8, 2)
-    memory.extend("warm-up", None, [1, 2, 1, 2])
-    memory.lookup(None, [1], 2)
-    memory.forget("warm-up")
+    _KERNELS_READY = True  # (the drafters below call this function again)
+    try:
+        index = ContextIndex(1, 4)
+        index.extend([1, 2, 1])
+        index.lookup(2)
+        for memory_tokens in (64, 0):  # with the memory, and without it
+            warm = LookaheadDrafter(LookaheadConfig(memory_tokens=memory_tokens, pool_max_batch=0), 2)
+            ctx = [1, 2, 3, 1, 2, 3, 1, 2]
+            warm.step([RowStep(f"r{i}", ctx[:6], 6, [3], prompt_len=2) for i in range(2)])
+            warm.step([RowStep(f"r{i}", np.asarray(ctx, dtype=np.int32), 8, [1, 2], 1, prompt_len=2) for i in range(2)])
+        memory = SuffixMemory(8, 2)
+        memory.extend("warm-up", None, [1, 2, 1, 2])
+        memory.lookup(None, [1], 2)
+        memory.forget("warm-up")
+    except BaseException:  # e.g. numba missing: the next drafter reports it again
+        _KERNELS_READY = False
+        raise
 
 
 def _count_above(p_cum: list[float], floor: float) -> int:
