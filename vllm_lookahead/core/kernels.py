@@ -196,6 +196,26 @@ def _mem_cell(matched, f, j, mem0, depths):
     return b * depths + min(j, depths - 1)
 
 
+@njit(inline="always")
+def _score(cells, length, p, rho, p_cum):
+    """A candidate's p_cum per token (into ``p_cum``: prod of min(p[cell] * rho, 0.98), as
+    ``core.chain._better``) and their sum, the expected committed tokens."""
+    acc = 1.0
+    total = 0.0
+    for j in range(length):
+        acc *= min(p[cells[j]] * rho, 0.98)
+        p_cum[j] = acc
+        total += acc
+    return total
+
+
+@njit(inline="always")
+def _keep(r, length, toks, cells, p_cum, out_tok, out_cell, out_pc):
+    """Row ``r``'s best candidate so far: copy it to the outputs."""
+    for j in range(length):
+        out_tok[r, j], out_cell[r, j], out_pc[r, j] = toks[j], cells[j], p_cum[j]
+
+
 @compiled
 def propose_rows(flat, offs, lens, kids, hist_a, hist_e, p, k, min_match, max_match, nk, ntot, nbest, nbestc, depth,
                  floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p,
@@ -225,38 +245,26 @@ def propose_rows(flat, offs, lens, kids, hist_a, hist_e, p, k, min_match, max_ma
         if end >= 0:
             length = min(k, n - end)
             bucket = ctx0 + min(m, 4) - 1
-            acc = 1.0
-            total = 0.0
             for j in range(length):
-                c = bucket * depths + min(j, depths - 1)
-                acc *= min(p[c] * rho, 0.98)
                 cand_t[j] = ctx[end + j]
-                cand_c[j] = c
-                cand_p[j] = acc
-                total += acc
+                cand_c[j] = bucket * depths + min(j, depths - 1)
+            total = _score(cand_c, length, p, rho, cand_p)
             if total > best_total:
                 best_total, best_len = total, length
                 out_src[r] = SRC_CONTEXT
-                for j in range(length):
-                    out_tok[r, j], out_cell[r, j], out_pc[r, j] = cand_t[j], cand_c[j], cand_p[j]
+                _keep(r, length, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc)
         kid = kids[r]
         if kid >= 0:
             got, matched, at = memory_lookup(nk, ntot, nbest, nbestc, kid, ctx, n, depth, k, 0.0, scratch, probs)
             if got > 0:
-                acc = 1.0
-                total = 0.0
                 for j in range(got):
-                    c = _mem_cell(matched, probs[j], j, mem0, depths)
-                    acc *= min(p[c] * rho, 0.98)
                     cand_t[j] = scratch[at + j]
-                    cand_c[j] = c
-                    cand_p[j] = acc
-                    total += acc
+                    cand_c[j] = _mem_cell(matched, probs[j], j, mem0, depths)
+                total = _score(cand_c, got, p, rho, cand_p)
                 if total > best_total:
                     best_total, best_len = total, got
                     out_src[r] = SRC_MEMORY
-                    for j in range(got):
-                        out_tok[r, j], out_cell[r, j], out_pc[r, j] = cand_t[j], cand_c[j], cand_p[j]
+                    _keep(r, got, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc)
             if 0 < best_len < k:
                 # a short chain continues with what the memory says follows (context tail + draft)
                 t = min(depth, n + best_len)
