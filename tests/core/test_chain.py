@@ -379,7 +379,6 @@ def _replay(compiled: bool, seed: int, batch: int = 8, steps: int = 100, **cfg) 
     of every draft accepted, three tenants, a request replaced by a new one now and then."""
     d = LookaheadDrafter(LookaheadConfig(**cfg), 4)
     d.compiled_rows = compiled
-    d._guard = lambda rows, live: "chain"  # fault injection: the drafting path, not the guard's timing
     tick = iter(range(10**9))
     d.clock = lambda: 0.01 * next(tick)  # policy "cost": the same step times in both runs
     rng = random.Random(seed)
