@@ -30,10 +30,19 @@ def test_expand_kernel_torch_matches_the_triton_semantics(dtype):
     assert out.tolist() == pytest.approx(reference_expand(x, cu, 0, 1, 6))
 
 
+def _import_vllm_cpu_kernels() -> None:
+    """Register torch.ops._C as the CPU worker does: through the platform, which picks the library this
+    CPU can run (``vllm._C`` needs AVX-512 with bf16, ``vllm._C_AVX2`` runs on AVX2 only; importing
+    ``vllm._C`` directly kills the process with an illegal instruction on an AVX2-only machine)."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    CpuPlatform.import_kernels()
+
+
 def test_stock_cpu_expand_leaves_float_output_unwritten_and_the_probe_sees_it():
     """Why the fix exists: vllm-cpu 0.32's C++ expand writes into an int64 *copy* of a float32
     output, so per-token temperatures stay uninitialised.  The probe decides on this, not a version."""
-    import vllm._C  # noqa: F401 (registers torch.ops._C, as the CPU worker does)
+    _import_vllm_cpu_kernels()
     from vllm.utils import cpu_triton_utils
 
     original = cpu_triton_utils._expand_kernel_impl
@@ -50,7 +59,7 @@ def test_stock_cpu_expand_leaves_float_output_unwritten_and_the_probe_sees_it():
 def test_fix_targets_the_live_override_only_when_the_probe_fails():
     """After vLLM registered its CPU kernel table (as a worker does), the fix replaces the live
     override's implementation, is recorded in the patch registry, and re-applying is a no-op."""
-    import vllm._C  # noqa: F401
+    _import_vllm_cpu_kernels()
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.sample import rejection_sampler as rs
 
