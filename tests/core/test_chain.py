@@ -150,7 +150,6 @@ def test_memory_is_bounded_by_tokens_and_evicts_oldest_first():
     assert mem.lookup(None, [52, 52], 2)[0] == []
 
 
-
 def test_memory_tables_stay_at_most_half_full_while_growing():
     """The load check reads the kernel's slot counts only when a Python upper bound says the tables might
     pass half full (core/suffix_memory.py, ``_used_bound``): the bound must never fall below the true
@@ -165,6 +164,8 @@ def test_memory_tables_stay_at_most_half_full_while_growing():
         assert 2 * used <= len(mem._nk)
         sizes.add(len(mem._nk))
     assert len(sizes) > 1  # it did grow (rebuilt) along the way
+
+
 def test_memory_isolation_key_separates_tenants():
     """Outputs stored under one isolation key never draft for another -- in the memory and through the
     drafter, where the key comes from the request (LoRA adapter / tenant)."""

@@ -130,7 +130,8 @@ class SuffixMemory:
         new = new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens]
         entry = self._segments.get(seg_id)
         prev = entry[1][-self.depth :] if entry else []
-        self.extend_rows(np.asarray(prev + new, dtype=np.int32), [(seg_id, key, prev + new, 0, len(prev))])
+        seq = prev + new  # the segment's last `depth` tokens give the new tokens their contexts
+        self.extend_rows(np.asarray(seq, dtype=np.int32), [(seg_id, key, seq, 0, len(prev))])
 
     def extend_rows(self, flat: np.ndarray, rows: Sequence[tuple[Hashable, Hashable, list[int], int, int]]) -> None:
         """For every (seg_id, key, tokens, off, lo), in order: ``extend(seg_id, key, tokens[lo:])``, where
