@@ -262,15 +262,23 @@ def test_shared_pool_carries_output_ngrams_across_requests_but_not_prompts():
     assert off.step([RowStep("b", b, 3, [10], prompt_len=2)]) == [[]]
 
 
-def _guarded_run(step_cost, steps: int = 200, batch: int = 32, policy: str = "ema") -> list[int]:
-    """Drive the drafter at a busy batch with a fake clock: every step each row commits its
-    whole draft + 1 token (copy-friendly context), and a step takes ``step_cost(draft_rows)`` seconds.
-    Returns the draft tokens of every step."""
-    d = LookaheadDrafter(LookaheadConfig(policy=policy), 4)
+_PERIOD = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def _periodic(i: int, pos: int) -> int:
+    """Row i's token at position pos: a periodic text, what a copying model commits."""
+    return (_PERIOD[pos % 8] + i) % 50
+
+
+def _guarded_run(step_cost, steps: int = 200, batch: int = 32, policy: str = "ema", truth=_periodic,
+                 drafter: LookaheadDrafter | None = None) -> list[int]:
+    """Drive the drafter at a busy batch with a fake clock: every step each row commits the longest
+    prefix of its draft that matches ``truth(row, position)`` plus the model's next token, and a step
+    takes ``step_cost(draft_rows)`` seconds.  Returns the draft tokens of every step."""
+    d = drafter or LookaheadDrafter(LookaheadConfig(policy=policy), 4)
     now = [0.0]
     d.clock = lambda: now[0]
-    period = [3, 1, 4, 1, 5, 9, 2, 6]
-    ctxs = [[(period[j % 8] + i) % 50 for j in range(24)] for i in range(batch)]
+    ctxs = [[truth(i, j) for j in range(24)] for i in range(batch)]
     drafts = d.step([RowStep(f"r{i}", c, len(c), [c[-1]], prompt_len=23) for i, c in enumerate(ctxs)])
     made = []
     for _ in range(steps):
@@ -281,9 +289,13 @@ def _guarded_run(step_cost, steps: int = 200, batch: int = 32, policy: str = "em
         for i, dr in enumerate(drafts):
             c = ctxs[i]
             new = []
-            for _ in range(len(dr) + 1):  # the periodic continuation: what a copying model commits
-                new.append((period[len(c) % 8] + i) % 50)
-                c.append(new[-1])
+            for t in dr:  # greedy verification: the drafts that match, then the model's own token
+                if t != truth(i, len(c)):
+                    break
+                new.append(t)
+                c.append(t)
+            new.append(truth(i, len(c)))
+            c.append(new[-1])
             rows.append(RowStep(f"r{i}", c, len(c), new, len(dr), None, 23))
         drafts = d.step(rows)
     return made
@@ -300,8 +312,9 @@ def test_busy_batch_guard_stops_drafting_where_plain_decoding_is_faster(policy):
     # cheap rows: "off" only for its 8 measuring steps and the re-tries (2 steps in 64)
     assert sum(1 for n in cheap if n == 0) <= 8 + 2 * (len(cheap) // 64 + 1), cheap
     assert sum(cheap) > 0.8 * 4 * 32 * (len(cheap) - 20), cheap
-    # at or below the threshold nothing is guarded: rows keep drafting however slow the step
-    small = _guarded_run(lambda n: 0.010 + 0.002 * n, steps=60, batch=16, policy=policy)
+    # at or below guard_batch_size nothing is guarded: rows keep drafting however slow the step
+    small = _guarded_run(lambda n: 0.010 + 0.002 * n, steps=60, batch=LookaheadConfig().guard_batch_size,
+                         policy=policy)
     assert all(n > 0 for n in small[1:]), small
     # steps that prefill a joining request are slow whatever the mode: they are not credited to it
     d = LookaheadDrafter(LookaheadConfig(policy=policy), 4)
@@ -312,6 +325,37 @@ def test_busy_batch_guard_stops_drafting_where_plain_decoding_is_faster(policy):
     d.step(rows + [RowStep("new", [1, 2, 3], 3, [3], prompt_len=2)])
     d.step(rows[:5] + [RowStep(f"r{i}", [1, 2, 3], 3, [], prompt_len=2) for i in range(5, 20)])
     assert sum(s["steps"] for s in d.guards[32].summary().values()) == 0
+
+
+def test_busy_batch_guard_drafts_only_sure_tokens_where_weak_drafts_cost_more_than_they_return():
+    """Policy "chain", a busy batch of 32: half the rows copy a periodic text (their drafts are accepted),
+    half copy it with a random token at 30% of the positions (a draft's later tokens are rarely all
+    right).  Where a draft row costs 2% of a step, the guard's "strict" mode (the higher
+    ``chain_strict_min_p`` floor) serves the most tokens/s: it keeps the sure draft tokens and drops
+    the long shots.  Where rows are free it drafts at the configured floor, which commits more tokens
+    per step, and where rows are dearer still it drafts nothing."""
+    rng = random.Random(7)
+    noise = [[rng.randrange(50) if rng.random() < 0.3 else None for _ in range(1000)] for _ in range(32)]
+
+    def truth(i: int, pos: int) -> int:
+        return _periodic(i, pos) if i < 16 or noise[i][pos] is None else noise[i][pos]
+
+    def run(row_cost: float) -> tuple[LookaheadDrafter, list[int]]:
+        d = LookaheadDrafter(LookaheadConfig(policy="chain"), 4)
+        return d, _guarded_run(lambda n: 0.010 + row_cost * n, steps=300, truth=truth, drafter=d)
+
+    costly, made = run(0.0002)
+    guard = costly.guards[32].summary()
+    assert max(guard, key=lambda m: guard[m]["tokens_per_s"]) == "strict", guard
+    # after the 24 measuring steps the strict mode ran but for the re-tries (2 steps in 64)
+    assert guard["strict"]["steps"] >= 300 - 24 - 2 * (300 // 64 + 1) - 1, guard
+    free, made_free = run(0.0)
+    guard_free = free.guards[32].summary()
+    assert max(guard_free, key=lambda m: guard_free[m]["tokens_per_s"]) == "chain", guard_free
+    assert sum(made_free[40:]) > 1.2 * sum(made[40:])  # the configured floor drafts the long shots too
+    dear, _ = run(0.0004)
+    guard_dear = dear.guards[32].summary()
+    assert max(guard_dear, key=lambda m: guard_dear[m]["tokens_per_s"]) == "off", guard_dear
 
 
 def test_compiled_kernels_work_where_numba_cannot_cache():

@@ -7,12 +7,14 @@ fixed rule would be wrong on one of them, so the engine times its own steps: an 
 tokens per wall-clock second for each layout, the best one wins, and the others are re-tried for a
 few steps every so often so that a change (batch composition, prompt mix) is noticed.  "off" (no
 drafts) is a layout too: at a large batch on a compute-bound device even the chain's rows can cost
-more than they return, and then the engine should simply decode.
+more than they return, and then the engine should simply decode.  "strict" is the chain at a higher
+commit-probability floor (the drafter's busy-batch guard, docs/design/busy-floor.md): fewer, surer
+draft rows, for the batches where a row costs too much for the configured floor but drafting still pays.
 """
 
 from __future__ import annotations
 
-MODES = ("chain", "2d", "off")  # off: no drafts at all -- when speculation itself does not pay
+MODES = ("chain", "strict", "2d", "off")  # off: no drafts at all -- when speculation itself does not pay
 
 
 class LayoutArbiter:

@@ -23,7 +23,8 @@ LIMITS: dict[str, tuple[float, float | None]] = {
     "ngram": (2, 16), "pool_size": (1, 1024), "max_pool_keys": (1, 10_000_000),
     "shared_pool_keys": (0, 10_000_000), "max_prompt_index_tokens": (0, None), "min_match": (1, 32),
     "max_match": (1, 32), "window": (0, 64), "memory_tokens": (0, 100_000_000), "memory_depth": (1, 32),
-    "cost_margin": (0.0, 1.0), "chain_min_p": (0.0, 1.0), "chain_busy_min_p": (0.0, 1.0), "pool_max_batch": (0, None), "ema_decay": (0.0, 1.0), "min_acceptance": (0.0, 1.0),
+    "cost_margin": (0.0, 1.0), "chain_min_p": (0.0, 1.0), "chain_busy_min_p": (0.0, 1.0), "chain_strict_min_p": (0.0, 1.0),
+    "guard_batch_size": (1, None), "pool_max_batch": (0, None), "ema_decay": (0.0, 1.0), "min_acceptance": (0.0, 1.0),
     "free_draft_batch_size": (0, None), "probe_interval": (1, None), "max_batch_draft_tokens": (0, None),
     "batch_size_threshold": (1, None), "busy_min_acceptance": (0.0, 1.0), "confident_match": (1, 32),
     "max_dormant_requests": (0, None), "lade_window": (1, 64), "lade_ngram": (3, 16),
@@ -129,6 +130,18 @@ class LookaheadConfig:
     floor served more tokens/s at batch 8 and 32 on both open and copy prompts (0.05 vs 0.25 vs 0.4,
     benchmarks/results/chain_floor_tuning_{open,copy}_64_s1.json) -- a step's time hardly grows with
     its draft rows there.  Raise it where draft rows cost more (the floor then rises with the batch)."""
+    chain_strict_min_p: float = 0.3
+    """Policy "chain" above `guard_batch_size` running requests: the floor of the guard's "strict" mode.
+    The guard measures tokens/s per batch-size bucket for three modes -- "chain" (the floors above),
+    "strict" (at least this floor: fewer, surer draft rows) and "off" (no drafts) -- and runs the
+    fastest.  Why measured: which floor pays depends on what a draft row costs next to a row of real
+    work (hardware, model, batch), which no acceptance estimate knows -- on the 2-core CPUs of this
+    project 0.3 beat 0.05 at batch 32 on one machine and lost on another
+    (docs/design/busy-floor.md).  At or below `chain_busy_min_p` the strict mode is not tried."""
+    guard_batch_size: int = 4
+    """Policies "chain" and "ema": above this many running requests the measured guard (core/drafter.py,
+    one ``core.arbiter.LayoutArbiter`` per batch-size bucket: 5-8, 9-16, 17-32, ...) chooses between
+    drafting as configured, the strict floor and no drafts, from the engine's own step times."""
     # --- adaptive policy ("ema") ---
     ema_decay: float = 0.7
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""
@@ -144,8 +157,8 @@ class LookaheadConfig:
     max_batch_draft_tokens: int = 256
     """Token budget for draft rows in one step across the batch; best requests get slots first."""
     batch_size_threshold: int = 16
-    """Above this many running requests, only requests with EMA acceptance >= busy_min_acceptance draft,
-    and a measured guard (core/drafter.py) drafts nothing at all while plain decoding serves more tokens/s."""
+    """Policy "ema": above this many running requests only requests with EMA acceptance >= busy_min_acceptance
+    draft.  Policy "chain": where the floor reaches `chain_busy_min_p`."""
     busy_min_acceptance: float = 0.4
     confident_fallback: bool = True
     """A request whose EMA is below the floor in force does not go silent: it still drafts *confident*

@@ -14,10 +14,11 @@ making serving slower like this:
   * a request below the floor in force still drafts *confident* context matches (``confident_fallback``:
     a suffix of >= ``confident_match`` tokens seen before, no pool/Jacobi fill), because those are
     accepted often enough to pay for their rows even when rows cost compute;
-  * above ``batch_size_threshold`` a measured throughput guard (``core.arbiter.LayoutArbiter`` with
-    the modes "chain" and "off", one per batch-size bucket) times the engine's own steps and drafts
-    nothing while plain decoding serves more tokens/s.  Why measured: whether a busy batch's draft rows
-    pay depends on the hardware and threading (on the 2-core CPU, same prompts and drafts: faster than
+  * above ``guard_batch_size`` a measured throughput guard (``core.arbiter.LayoutArbiter``, one per
+    batch-size bucket) times the engine's own steps and picks the fastest of drafting as configured
+    ("chain"), drafting at the higher ``chain_strict_min_p`` floor ("strict", policy "chain" only) and
+    drafting nothing ("off").  Why measured: whether a busy batch's draft rows pay, and which of them,
+    depends on the hardware and threading (on the 2-core CPU, same prompts and drafts: faster than
     `none` with one bound OMP thread, slower with two unbound threads), which no acceptance estimate
     can know.
 """
@@ -131,7 +132,7 @@ class LookaheadDrafter:
         self.clock = time.perf_counter  # replaceable in tests
         self._last_step: tuple[set[str], int, int, float] | None = None  # ids, rows, drafts, start time
         self.last_budget = 0  # draft tokens given to the batch in the last step
-        # policies "chain" and "ema" above batch_size_threshold: draft or not, measured per batch-size bucket
+        # policies "chain" and "ema" above guard_batch_size: the guard's mode, measured per batch-size bucket
         self.guards: dict[int, LayoutArbiter] = {}
         # (mode, bucket, start of the step, the ids of its rows)
         self._guard_last: tuple[str, int, float, set[str]] | None = None
@@ -152,10 +153,11 @@ class LookaheadDrafter:
             self._dormant[rid] = self.states.pop(rid)
             while len(self._dormant) > self.cfg.max_dormant_requests:
                 self._dormant.popitem(last=False)
-        if self.cfg.policy != "cost" and self._guard(rows, live) == "off":
+        mode = self._guard(rows, live) if self.cfg.policy != "cost" else "chain"
+        if mode == "off":
             return self._off(rows)
         if self.cfg.policy in ("chain", "cost"):
-            return self._step_cost(rows, live)
+            return self._step_cost(rows, live, strict=mode == "strict")
         states = []
         for row in rows:
             st = self._state(row)
@@ -178,24 +180,27 @@ class LookaheadDrafter:
         return [[] for _ in rows]
 
     def _guard(self, rows: list[RowStep], live: set[str]) -> str:
-        """Policies "chain" and "ema": "chain" (draft) or "off" for the next step.  The step just done is credited
-        to the mode that made its drafts (committed tokens / time between two calls); above
-        ``batch_size_threshold`` rows the arbiter of the batch's bucket (17-32 rows, 33-64, ...)
-        decides: both modes are measured first (interleaved, 8 steps each), then the loser is re-tried
-        2 steps in 64.  Only pure decode steps are credited -- the rows now all ran in the step measured
+        """Policies "chain" and "ema": "chain" (draft as configured), "strict" (policy "chain": draft at the
+        ``chain_strict_min_p`` floor) or "off" for the next step.  The step just done is credited to the
+        mode that made its drafts (committed tokens / time between two calls); above
+        ``guard_batch_size`` rows the arbiter of the batch's bucket (5-8 rows, 9-16, 17-32, ...)
+        decides: every mode is measured first (interleaved, 8 steps each), then a loser is re-tried
+        2 steps in 64, in turn.  Only pure decode steps are credited -- the rows now all ran in the step measured
         and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
         slow for reasons neither mode controls."""
         now = self.clock()
         last, self._guard_last = self._guard_last, None
         if last is not None and live <= last[3] and all(r.new_tokens for r in rows):
             self.guards[last[1]].observe(last[0], sum(len(r.new_tokens) for r in rows), now - last[2])
-        if len(rows) <= self.cfg.batch_size_threshold or not any(r.new_tokens for r in rows):
+        cfg = self.cfg
+        if len(rows) <= cfg.guard_batch_size or not any(r.new_tokens for r in rows):
             return "chain"
         bucket = 1 << (len(rows) - 1).bit_length()
         arbiter = self.guards.get(bucket)
         if arbiter is None:
-            arbiter = self.guards[bucket] = LayoutArbiter(("chain", "off"), explore_every=64, explore_steps=2,
-                                                          warmup_steps=8)
+            strict = cfg.policy == "chain" and cfg.chain_strict_min_p > self.chain_floor(bucket)
+            modes = ("chain", "strict", "off") if strict else ("chain", "off")
+            arbiter = self.guards[bucket] = LayoutArbiter(modes, explore_every=64, explore_steps=2, warmup_steps=8)
         mode = arbiter.choose()
         self._guard_last = (mode, bucket, now, live)
         return mode
@@ -232,11 +237,11 @@ class LookaheadDrafter:
             left -= take
         return budgets, confident
 
-    def _step_cost(self, rows: list[RowStep], live: set[str]) -> list[list[int]]:
+    def _step_cost(self, rows: list[RowStep], live: set[str], strict: bool = False) -> list[list[int]]:
         """Policies "chain" and "cost": observe, then every row's best candidate from every source
         (core/chain.py), cut where its estimated commit probability falls below ``chain_floor`` of the
-        batch ("chain"; above ``batch_size_threshold`` rows the measured guard may also switch drafting
-        off) or for the whole batch by the step-time model ("cost", core/cost_model.py)."""
+        batch ("chain"; ``strict``: at least ``chain_strict_min_p``, the guard's choice) or for the
+        whole batch by the step-time model ("cost", core/cost_model.py)."""
         chain = self.cfg.policy == "chain"
         now = 0.0 if chain else self.clock()  # the step-time model's clock (policy "cost" only)
         last = self._last_step
@@ -281,6 +286,8 @@ class LookaheadDrafter:
         if memory is not None:
             memory.extend_rows(flat, fresh)
         floor = self.chain_floor(len(rows)) if chain else 0.0
+        if strict:
+            floor = max(floor, self.cfg.chain_strict_min_p)
         if use_pool or not self.compiled_rows:
             cands = []
             for row, st in zip(rows, states):
