@@ -1,11 +1,13 @@
 """``bench --repeats``: aggregation over interleaved repeats (median, min/max, same-repeat speed-up,
-worst-case exactness) and the per-batch-size K SPEC key, without starting an engine."""
+worst-case exactness), the per-batch-size K SPEC key and the machine record, without starting an engine."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from vllm_lookahead.bench import _aggregate, _mark_exact
+from vllm_lookahead.bench import _aggregate, _mark_exact, machine
 from vllm_lookahead.decoders import SpecError, parse_spec
 
 pytestmark = pytest.mark.unit
@@ -42,3 +44,14 @@ def test_per_batch_size_k_spec():
     for bad in ("ngram:k=4,kbs=2-8x4", "ngram:k=4,kbs=1-8x4/5-9x2", "ngram:k=4,kbs=1-8", "suffix:k=4,kbs=1-8x4"):
         with pytest.raises(SpecError):
             parse_spec(bad)
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads Linux's /proc/cpuinfo")
+def test_machine_record_names_the_cpu_vector_extensions():
+    """Bench figures from an AVX-512 machine and an AVX2 one are not comparable: the record says which."""
+    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith(("flags", "Features"))).split(":", 1)[1].split()
+    record = machine()
+    assert record["cpu_vector_isa"] == [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "asimd", "sve")
+                                        if f in flags]
+    assert record["cpu_model"] and record["cpu_count"] >= 1

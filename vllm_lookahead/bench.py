@@ -351,8 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "command": "vllm-lookahead bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": model, "prompts": args.prompts, "n_prompts": len(prompts), "max_tokens": args.max_tokens,
-        "dtype": args.dtype, "batching": args.batching, "machine": {"cpu_count": __import__("os").cpu_count(),
-                                                             "platform": platform.platform()},
+        "dtype": args.dtype, "batching": args.batching, "machine": machine(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "repeats": args.repeats, "load": load, "code": code,
         "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
@@ -385,6 +384,27 @@ def code_version() -> dict[str, Any] | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": commit, "dirty": bool(dirty)}
+
+
+_VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "asimd", "sve")
+
+
+def machine() -> dict[str, Any]:
+    """What the run ran on: CPU count, platform, CPU model and its vector extensions (from
+    /proc/cpuinfo, on Linux).  Why the extensions: vLLM's CPU kernels come in an AVX-512 build and an
+    AVX2 build, and the same commit serves very different tokens/s on the two -- figures from machines
+    with different extensions are not comparable."""
+    out: dict[str, Any] = {"cpu_count": os.cpu_count(), "platform": platform.platform()}
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return out
+    fields = dict(line.split(":", 1) for line in info.splitlines()[:64] if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    out["cpu_model"] = fields.get("model name")
+    out["cpu_vector_isa"] = [f for f in _VECTOR_FLAGS if f in flags]
+    return out
 
 
 def _load() -> dict[str, Any]:
