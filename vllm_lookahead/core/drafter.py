@@ -282,7 +282,7 @@ class LookaheadDrafter:
                 fresh.append((row.req_id, st.isolation_key, st.index.tokens, off, n - (row.num_tokens - start)))
             st.memory_seen = row.num_tokens
             off += n
-        flat = np.concatenate(parts) if parts else _EMPTY
+        flat = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else _EMPTY  # one row: no copy
         if memory is not None:
             memory.extend_rows(flat, fresh)
         floor = self.chain_floor(len(rows)) if chain else 0.0
