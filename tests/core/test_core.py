@@ -341,7 +341,7 @@ def test_busy_batch_guard_drafts_only_sure_tokens_where_weak_drafts_cost_more_th
         return _periodic(i, pos) if i < 16 or noise[i][pos] is None else noise[i][pos]
 
     def run(row_cost: float) -> tuple[LookaheadDrafter, list[int]]:
-        d = LookaheadDrafter(LookaheadConfig(policy="chain"), 4)
+        d = LookaheadDrafter(LookaheadConfig(policy="chain", chain_strict_min_p=0.3), 4)
         return d, _guarded_run(lambda n: 0.010 + row_cost * n, steps=300, truth=truth, drafter=d)
 
     costly, made = run(0.0002)
@@ -356,6 +356,9 @@ def test_busy_batch_guard_drafts_only_sure_tokens_where_weak_drafts_cost_more_th
     dear, _ = run(0.0004)
     guard_dear = dear.guards[32].summary()
     assert max(guard_dear, key=lambda m: guard_dear[m]["tokens_per_s"]) == "off", guard_dear
+    default = LookaheadDrafter(LookaheadConfig(policy="chain"), 4)
+    _guarded_run(lambda n: 0.010, steps=30, truth=truth, drafter=default)
+    assert set(default.guards[32].summary()) == {"chain", "off"}  # the strict mode is opt-in
 
 
 def test_compiled_kernels_work_where_numba_cannot_cache():

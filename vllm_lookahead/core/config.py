@@ -130,18 +130,23 @@ class LookaheadConfig:
     floor served more tokens/s at batch 8 and 32 on both open and copy prompts (0.05 vs 0.25 vs 0.4,
     benchmarks/results/chain_floor_tuning_{open,copy}_64_s1.json) -- a step's time hardly grows with
     its draft rows there.  Raise it where draft rows cost more (the floor then rises with the batch)."""
-    chain_strict_min_p: float = 0.3
-    """Policy "chain" above `guard_batch_size` running requests: the floor of the guard's "strict" mode.
-    The guard measures tokens/s per batch-size bucket for three modes -- "chain" (the floors above),
-    "strict" (at least this floor: fewer, surer draft rows) and "off" (no drafts) -- and runs the
-    fastest.  Why measured: which floor pays depends on what a draft row costs next to a row of real
-    work (hardware, model, batch), which no acceptance estimate knows -- on the 2-core CPUs of this
-    project 0.3 beat 0.05 at batch 32 on one machine and lost on another
-    (docs/design/busy-floor.md).  At or below `chain_busy_min_p` the strict mode is not tried."""
-    guard_batch_size: int = 4
+    chain_strict_min_p: float = 0.0
+    """Policy "chain" above `guard_batch_size` running requests: the floor of the guard's "strict" mode
+    (opt-in; at or below `chain_busy_min_p`, as by default, it is not tried).  With it the guard measures
+    tokens/s per batch-size bucket for three modes -- "chain" (the floors above), "strict" (at least this
+    floor: fewer, surer draft rows) and "off" (no drafts) -- and runs the fastest.  Why measured: which
+    floor pays depends on what a draft row costs next to a row of real work (hardware, model, batch),
+    which no acceptance estimate knows.  Why off by default: on this project's 2-core CPU, 0.3 lost the
+    guard's own measurement to the configured floor at batch 8 and 32 on open and copy prompts, and its
+    measuring steps cost tokens/s in short runs (docs/design/busy-floor.md,
+    benchmarks/results/bench_repeats5_{open,copy}_64_guard3.json).  Try 0.2-0.4 where draft rows are
+    dear (a larger model on CPU)."""
+    guard_batch_size: int = 16
     """Policies "chain" and "ema": above this many running requests the measured guard (core/drafter.py,
-    one ``core.arbiter.LayoutArbiter`` per batch-size bucket: 5-8, 9-16, 17-32, ...) chooses between
-    drafting as configured, the strict floor and no drafts, from the engine's own step times."""
+    one ``core.arbiter.LayoutArbiter`` per batch-size bucket: 17-32, 33-64, ... at the default) chooses
+    between drafting as configured, the strict floor (if set) and no drafts, from the engine's own step
+    times.  16: at batch 8 on the 2-core CPU drafting always won (1.38-1.69x `none`), so measuring "off"
+    there only cost its measuring steps; lower it where a batch of 8 is compute-bound."""
     # --- adaptive policy ("ema") ---
     ema_decay: float = 0.7
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""
