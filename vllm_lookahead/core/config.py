@@ -145,8 +145,9 @@ class LookaheadConfig:
     """Policies "chain" and "ema": above this many running requests the measured guard (core/drafter.py,
     one ``core.arbiter.LayoutArbiter`` per batch-size bucket: 17-32, 33-64, ... at the default) chooses
     between drafting as configured, the strict floor (if set) and no drafts, from the engine's own step
-    times.  16: at batch 8 on the 2-core CPU drafting always won (1.38-1.69x `none`), so measuring "off"
-    there only cost its measuring steps; lower it where a batch of 8 is compute-bound."""
+    times.  16: at batch 8 on the 2-core CPU drafting won in every repeat (1.29x-1.87x `none`,
+    benchmarks/results/bench_repeats5_{open,copy}_64_guard3.json), so measuring "off" there only cost
+    its measuring steps; lower it where a batch of 8 is compute-bound."""
     # --- adaptive policy ("ema") ---
     ema_decay: float = 0.7
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""

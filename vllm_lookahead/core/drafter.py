@@ -183,7 +183,7 @@ class LookaheadDrafter:
         """Policies "chain" and "ema": "chain" (draft as configured), "strict" (policy "chain": draft at the
         ``chain_strict_min_p`` floor) or "off" for the next step.  The step just done is credited to the
         mode that made its drafts (committed tokens / time between two calls); above
-        ``guard_batch_size`` rows the arbiter of the batch's bucket (5-8 rows, 9-16, 17-32, ...)
+        ``guard_batch_size`` rows the arbiter of the batch's bucket (powers of two: 17-32 rows, 33-64, ...)
         decides: every mode is measured first (interleaved, 8 steps each), then a loser is re-tried
         2 steps in 64, in turn.  Only pure decode steps are credited -- the rows now all ran in the step measured
         and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
