@@ -185,7 +185,9 @@ def memory_add_rows(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, 
 
 
 # policy "chain"'s sources and evidence buckets as numbers (core/chain.py defines them; these must agree:
-# tests/core/test_chain.py checks the twin below against ``propose_chain``)
+# tests/core/test_chain.py checks the twin below against ``propose_chain``).  Why copies and not an import
+# of chain.py's constants: numba freezes a global into the compiled code, and its on-disk cache is keyed
+# on this file alone -- a change to a constant in another module would keep serving the stale kernel.
 SRC_NONE, SRC_CONTEXT, SRC_MEMORY = 0, 1, 2
 
 
