@@ -1,5 +1,6 @@
 """``bench --repeats``: aggregation over interleaved repeats (median, min/max, same-repeat speed-up,
-worst-case exactness), the per-batch-size K SPEC key and the machine record, without starting an engine."""
+worst-case exactness), the best baseline of the same repeat, the per-batch-size K SPEC key and the machine record, without starting
+an engine."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.bench import _aggregate, _mark_exact, machine
+from vllm_lookahead.bench import _aggregate, _mark_exact, add_vs_best_baseline, machine
 from vllm_lookahead.decoders import SpecError, parse_spec
 
 pytestmark = pytest.mark.unit
@@ -55,3 +56,26 @@ def test_machine_record_names_the_cpu_vector_extensions():
     assert record["cpu_vector_isa"] == [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "asimd", "sve")
                                         if f in flags]
     assert record["cpu_model"] and record["cpu_count"] >= 1
+
+
+def test_speedup_over_the_best_baseline_pairs_each_repeat():
+    """Each repeat's tokens/s over the faster of ngram and suffix *in that repeat*: a slow repeat (the
+    machine was busy for everyone) cancels out, which the ratio of two medians does not do."""
+    ok = [[1]]
+    runs = [[run("none", 100.0, ok), run("ngram:k=4", 150.0, ok), run("suffix:k=4", 200.0, ok), run("lookahead:k=4", 220.0, ok)],
+            [run("none", 60.0, ok), run("ngram:k=4", 130.0, ok), run("suffix:k=4", 120.0, ok), run("lookahead:k=4", 126.0, ok)],
+            [run("none", 100.0, ok), run("ngram:k=4", 150.0, ok), run("suffix:k=4", 205.0, ok), run("lookahead:k=4", 200.0, ok)]]
+    for r in runs:
+        _mark_exact(r, [1])
+    results = _aggregate(runs)
+    add_vs_best_baseline(results)
+    agg = {r["method"]: r["by_batch_size"]["1"] for r in results}
+    la = agg["lookahead:k=4"]
+    # best baseline per repeat: suffix 200, ngram 130, suffix 205 -> ratios 1.1, 0.969, 0.976
+    assert la["speedup_vs_best_baseline_all"] == pytest.approx([1.1, 126 / 130, 200 / 205])
+    assert la["speedup_vs_best_baseline_median"] == pytest.approx(200 / 205)
+    assert la["speedup_vs_best_baseline_min"] == pytest.approx(126 / 130)
+    # the ratio of the medians says otherwise: 200 / 200 (lookahead's and suffix's medians)
+    assert la["tokens_per_s"] / agg["suffix:k=4"]["tokens_per_s"] == pytest.approx(1.0)
+    assert "speedup_vs_best_baseline_median" not in agg["none"]
+    assert agg["suffix:k=4"]["speedup_vs_best_baseline_all"] == pytest.approx([1.0, 120 / 130, 1.0])

@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep_results in runs:
         _mark_exact(rep_results, batch_sizes)
     results = _aggregate(runs) if args.repeats > 1 else runs[0]
+    add_vs_best_baseline(results)
     reference = reference_compression(model, prompts[: args.reference], args) if args.reference else None
     print_table(results, reference)
     if args.repeats > 1:
@@ -468,20 +469,55 @@ def _aggregate(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
+BASELINES = ("ngram", "suffix")  # vLLM's own model-free proposers: what lookahead has to beat
+
+
+def add_vs_best_baseline(results: list[dict[str, Any]]) -> None:
+    """Per batch size, every method's tokens/s over the best baseline's (vLLM ngram or suffix,
+    whichever served more) *of the same repeat*: ``speedup_vs_best_baseline_median/_min/_max/_all``.
+    Why paired: the repeats run interleaved, so a repeat's methods share the machine's state of the
+    moment, and the ratio within a repeat cancels what drifts between repeats; a ratio of two medians
+    does not.  Works on aggregated results (``tokens_per_s_all``, in repeat order) and on a single run;
+    a recorded JSON can be re-read (benchmarks/paired_ratios.py)."""
+    for bs in results[0]["by_batch_size"] if results else ():
+        per_repeat = {r["method"]: _tokens_per_s_by_repeat(r, bs) for r in results}
+        base = [v for meth, v in per_repeat.items() if meth.split(":")[0] in BASELINES and v is not None]
+        if not base or len({len(b) for b in base}) != 1:
+            continue
+        best = np.max(np.array(base, dtype=np.float64), axis=0)
+        for r in results:
+            vals = per_repeat[r["method"]]
+            if r["method"] == "none" or vals is None or len(vals) != len(best):
+                continue
+            ratio = np.asarray(vals, dtype=np.float64) / best
+            m = r["by_batch_size"][bs]
+            m["speedup_vs_best_baseline_median"] = float(np.median(ratio))
+            m["speedup_vs_best_baseline_min"], m["speedup_vs_best_baseline_max"] = float(ratio.min()), float(ratio.max())
+            m["speedup_vs_best_baseline_all"] = ratio.tolist()
+
+
+def _tokens_per_s_by_repeat(result: dict[str, Any], bs: str) -> list[float] | None:
+    m = result["by_batch_size"].get(bs)
+    return None if m is None else m.get("tokens_per_s_all") or [m["tokens_per_s"]]
+
+
 def print_spread(results: list[dict[str, Any]]) -> None:
-    """Median [min, max] over the repeats: tokens/s and speed-up over `none` of the same repeat."""
+    """Median [min, max] over the repeats: tokens/s and speed-ups over `none` and over the best baseline
+    (ngram or suffix), each of the same repeat."""
     print(f"{'method':<40}{'batch':>6}{'tok/s median [min, max]':>30}{'x none median [min, max]':>30}"
-          f"{'compr.':>8}{'prop. %':>8}")
+          f"{'x best baseline [min, max]':>30}{'compr.':>8}{'prop. %':>8}")
     for r in results:
         for bs, m in r["by_batch_size"].items():
             if "tokens_per_s_min" not in m:
                 continue
             sp = (f"{m['speedup_vs_none_median']:.3f} [{m['speedup_vs_none_min']:.3f}, {m['speedup_vs_none_max']:.3f}]"
                   if "speedup_vs_none_median" in m else "-")
+            vb = (f"{m['speedup_vs_best_baseline_median']:.3f} [{m['speedup_vs_best_baseline_min']:.3f}, "
+                  f"{m['speedup_vs_best_baseline_max']:.3f}]" if "speedup_vs_best_baseline_median" in m else "-")
             share = m.get("proposer_share_of_step_time_median")
             print(f"{r['method']:<40}{bs:>6}"
                   f"{m['tokens_per_s_median']:>12.1f} [{m['tokens_per_s_min']:.1f}, {m['tokens_per_s_max']:.1f}]"
-                  f"{sp:>30}{m['compression']:>8.3f}{'-' if share is None else format(100 * share, '.2f'):>8}")
+                  f"{sp:>30}{vb:>30}{m['compression']:>8.3f}{'-' if share is None else format(100 * share, '.2f'):>8}")
 
 
 def _split_specs(text: str) -> list[str]:
