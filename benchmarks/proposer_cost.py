@@ -8,6 +8,10 @@ decoding side by side; each step a random prefix of every draft is accepted and 
 is random, so every source (context, memory, pool, Jacobi) keeps working.
 
     python benchmarks/proposer_cost.py --batch 32 --steps 96 --json benchmarks/results/proposer_cost.json
+
+``--evict-mb N`` streams an N MiB buffer through the caches between two steps, as the engine's forward
+pass streams weights and activations: inside the engine the drafter runs on cold caches, and a warm
+replay under-states its cost (batch 1: ~3x, benchmarks/results/README.md, "cold caches").
 """
 
 from __future__ import annotations
@@ -22,10 +26,15 @@ from pathlib import Path
 import numpy as np
 
 
-def replay(policy: str, prompts: list[list[int]], steps: int, k: int, seed: int) -> dict[str, float]:
+def replay(policy: str, prompts: list[list[int]], steps: int, k: int, seed: int, evict_mb: int = 0,
+           overrides: dict | None = None) -> dict[str, float]:
     from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
 
-    drafter = LookaheadDrafter(LookaheadConfig(policy=policy), k)
+    drafter = LookaheadDrafter(LookaheadConfig(policy=policy, **(overrides or {})), k)
+    # between two steps the engine runs a forward pass that streams the weights and activations through
+    # the CPU caches; --evict-mb streams a buffer of that size instead, so the replay pays the same cold
+    # caches as the engine's proposer does (without it the replay measures a warm drafter)
+    junk = np.ones(evict_mb * (1 << 18), dtype=np.float32) if evict_mb else None
     # the drafting path is what is measured: on random tokens the busy-batch guard (policies chain/ema)
     # would soon switch drafting off, and the replay would time the guard's choice, not the upkeep
     drafter._guard = lambda rows, live: "chain"
@@ -45,12 +54,14 @@ def replay(policy: str, prompts: list[list[int]], steps: int, k: int, seed: int)
             argmax = np.array(new + [rng.randrange(1000) for _ in range(len(d) - a)])
             ctxs[i].extend(new)
             rows.append(RowStep(f"r{i}", np.array(ctxs[i]), len(ctxs[i]), new, len(d), argmax, plen[i]))
+        if junk is not None:
+            junk *= np.float32(1.0)
         t0 = time.process_time()
         drafts = drafter.step(rows)
         cpu += time.process_time() - t0
         rows_done += len(rows)
-    return {"policy": policy, "us_per_row": 1e6 * cpu / rows_done, "prompt_indexing_ms_total": 1000 * first,
-            "rows": rows_done}
+    return {"policy": policy, "us_per_row": 1e6 * cpu / rows_done, "us_per_step": 1e6 * cpu / steps,
+            "prompt_indexing_ms_total": 1000 * first, "rows": rows_done}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--policies", default="cost,ema")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--evict-mb", type=int, default=0,
+                    help="stream a buffer of this many MiB through the caches between steps, as a forward pass does")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a LookaheadConfig override (repeatable), e.g. --set pool_max_batch=0")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    overrides = {key: json.loads(value) for key, value in (kv.split("=", 1) for kv in args.set)}
     from transformers import AutoTokenizer
 
     from vllm_lookahead.prompts import load_heldout_prompts
@@ -71,16 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [tok(p).input_ids for p in load_heldout_prompts(args.batch, "open", seed=0)]
     out = {}
     for policy in args.policies.split(","):
-        runs = [replay(policy, prompts, args.steps, args.k, seed) for seed in range(args.repeats)]
+        runs = [replay(policy, prompts, args.steps, args.k, seed, args.evict_mb, overrides)
+                for seed in range(args.repeats)]
         vals = sorted(r["us_per_row"] for r in runs)
+        steps = sorted(r["us_per_step"] for r in runs)
         out[policy] = {"us_per_row_median": vals[len(vals) // 2], "us_per_row_min": vals[0],
-                       "us_per_row_max": vals[-1], "runs": runs}
-        print(f"{policy}: {vals[len(vals) // 2]:.1f} us CPU per row (min {vals[0]:.1f}, max {vals[-1]:.1f})")
+                       "us_per_row_max": vals[-1], "us_per_step_median": steps[len(steps) // 2], "runs": runs}
+        print(f"{policy}: {vals[len(vals) // 2]:.1f} us CPU per row (min {vals[0]:.1f}, max {vals[-1]:.1f}), "
+              f"{steps[len(steps) // 2]:.1f} us per step")
     if args.json:
         from vllm_lookahead.bench import code_version
 
         args.json.write_text(json.dumps({"command": "python benchmarks/proposer_cost.py " + " ".join(
             argv if argv is not None else sys.argv[1:]), "batch": args.batch, "steps": args.steps, "k": args.k,
+            "evict_mb": args.evict_mb, "overrides": overrides,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code": code_version(),
             "results": out}, indent=1) + "\n")
     return 0
