@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
             if any(rows.values()):
                 per["methods"][r["method"]] = rows
                 for bs, v in rows.items():
+                    if not v:  # no ratio at this batch size (repeats missing)
+                        continue
                     print(f"{path.name}  {r['method']:<58} batch {bs:>3}: {v['speedup_vs_best_baseline_median']:.3f}x "
                           f"[{v['speedup_vs_best_baseline_min']:.3f}, {v['speedup_vs_best_baseline_max']:.3f}] "
                           "the best baseline's tokens/s of the same repeat (median [min, max])")

@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="a LookaheadConfig override (repeatable), e.g. --set pool_max_batch=0")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    overrides = {key: json.loads(value) for key, value in (kv.split("=", 1) for kv in args.set)}
+    from vllm_lookahead.decoders import parse_spec
+
+    # the bench's SPEC syntax and checks (one KEY=VALUE parser, LookaheadConfig's validation)
+    overrides = parse_spec("lookahead:" + ",".join([f"k={args.k}", *args.set])).params
     from transformers import AutoTokenizer
 
     from vllm_lookahead.prompts import load_heldout_prompts

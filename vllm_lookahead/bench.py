@@ -510,14 +510,18 @@ def print_spread(results: list[dict[str, Any]]) -> None:
         for bs, m in r["by_batch_size"].items():
             if "tokens_per_s_min" not in m:
                 continue
-            sp = (f"{m['speedup_vs_none_median']:.3f} [{m['speedup_vs_none_min']:.3f}, {m['speedup_vs_none_max']:.3f}]"
-                  if "speedup_vs_none_median" in m else "-")
-            vb = (f"{m['speedup_vs_best_baseline_median']:.3f} [{m['speedup_vs_best_baseline_min']:.3f}, "
-                  f"{m['speedup_vs_best_baseline_max']:.3f}]" if "speedup_vs_best_baseline_median" in m else "-")
+            sp, vb = _median_range(m, "speedup_vs_none"), _median_range(m, "speedup_vs_best_baseline")
             share = m.get("proposer_share_of_step_time_median")
             print(f"{r['method']:<40}{bs:>6}"
                   f"{m['tokens_per_s_median']:>12.1f} [{m['tokens_per_s_min']:.1f}, {m['tokens_per_s_max']:.1f}]"
                   f"{sp:>30}{vb:>30}{m['compression']:>8.3f}{'-' if share is None else format(100 * share, '.2f'):>8}")
+
+
+def _median_range(m: dict[str, Any], key: str) -> str:
+    """``key``'s "median [min, max]" over the repeats, or "-" where it was not computed."""
+    if f"{key}_median" not in m:
+        return "-"
+    return f"{m[f'{key}_median']:.3f} [{m[f'{key}_min']:.3f}, {m[f'{key}_max']:.3f}]"
 
 
 def _split_specs(text: str) -> list[str]:
