@@ -44,7 +44,7 @@ def main() -> None:
     from lossless_support import likelihood_pvalues, sample_run, token_position_pvalue
     from vllm import SamplingParams
 
-    from quality_sidecar.detectors.conformance import pit_test
+    from quality_sidecar.detectors.conformance import excess_totals, pit_test
     from vllm_lookahead.decoders import parse_spec
     from vllm_lookahead.engine import make_llm
     from vllm_lookahead.gate.conformance import score_runs
@@ -66,12 +66,12 @@ def main() -> None:
                  "prompt": PROMPT, "n": args.n, "max_tokens": args.max_tokens, "temperature": 1.0, "arms": {}}
     for run in runs:
         allu = [u for sc in run.scores for u in sc["pit"]]
-        ex = np.sum([sc["excess"] for sc in run.scores], axis=0)
+        ex_sum, _, ex_n = excess_totals(sc["excess"] for sc in run.scores)
         ps = likelihood_pvalues(run)
         out["arms"][run.name] = {
             "pit_p_all_tokens": pit_test(allu).pvalue, "mean_pit": float(np.mean(allu)),
             "pit_p_by_position": {k.removeprefix("pit_pos"): p for k, p in ps.items() if k.startswith("pit_pos")},
-            "excess_nats_per_token": float(ex[0] / max(1, ex[2])),
+            "excess_nats_per_token": ex_sum / max(1, ex_n),
             "excess_p": ps["excess"],
             "chi2_p_vs_first_arm_pos1_3": None if run.name == base else
             [token_position_pvalue(samples[base], samples[run.name], q) for q in (1, 2, 3)]}

@@ -47,7 +47,7 @@ increments keep at least the stated ERT (in tokens).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -440,6 +440,20 @@ def excess_test(excess_sum: float, excess_var_sum: float, n_tokens: int, name: s
     return TestResult(name, eff, p, f"{n} tokens, excess log-prob {eff:+.4f} nats/token "
                                     f"(95% CI [{eff - half:+.4f}, {eff + half:+.4f}]; 0 exact; {direction}), z {z:+.2f}")
 
+
+
+def excess_totals(sums: Iterable[Sequence[float] | None]) -> tuple[float, float, int]:
+    """(sum of excess, sum of null variances, tokens) over many samples' ``SequenceScore.excess_sums``
+    triples (None or empty: a sample with nothing scored) -- the arguments of ``excess_test`` for a
+    stream.  One place for it: the gate, its tests and the diagnostics add up the same triples."""
+    tot_s = tot_v = 0.0
+    tot_n = 0
+    for x in sums:
+        if x:
+            tot_s += float(x[0])
+            tot_v += float(x[1])
+            tot_n += int(x[2])
+    return tot_s, tot_v, tot_n
 
 @dataclass(frozen=True)
 class ShiftResult:

@@ -20,6 +20,7 @@ from quality_sidecar.detectors.conformance import (
     SamplerParams,
     excess_logprob,
     excess_test,
+    excess_totals,
     sampler_probs,
     score_full,
     score_topk,
@@ -116,6 +117,21 @@ def test_temperature_faults_are_detected_with_direction(factor: float, sign: int
     t = excess_test(*sc.excess_sums())
     assert t.pvalue < 1e-3 and np.sign(t.statistic) == sign, t.detail
     assert ("sharper" in t.detail) == (sign > 0)
+
+
+def test_excess_totals_of_split_samples_equal_the_whole_streams_sums() -> None:
+    """The stream test of many samples (gate, diagnostics) adds the samples' triples: the same sums as
+    one sample of all their tokens; a sample with nothing scored (None, empty) adds nothing."""
+    rng = np.random.default_rng(4)
+    rows = _rows(rng, 600)
+    y = _draw(rng, np.exp(rows))
+    params = SamplerParams(1.0)
+    whole = score_full(rows, y, params, rng).excess_sums()
+    parts = [score_full(rows[a:b], y[a:b], params, rng).excess_sums() for a, b in ((0, 250), (250, 251), (251, 600))]
+    s, v, n = excess_totals([parts[0], None, parts[1], [], parts[2]])
+    assert n == whole[2] == 600
+    assert math.isclose(s, whole[0], rel_tol=1e-9) and math.isclose(v, whole[1], rel_tol=1e-9)
+    assert excess_totals([]) == (0.0, 0.0, 0)
 
 
 def test_too_few_tokens_is_no_evidence() -> None:

@@ -52,13 +52,12 @@ def sample_run(name: str, outs, temperature: float, seed: int = 0):
 def likelihood_pvalues(run) -> dict[str, float]:
     """One-sample tests of a scored run under the model: Anderson-Darling p of the randomized PIT at
     each token position (``pit_pos<j>``) and the excess log-prob test's p over all tokens (``excess``)."""
-    from quality_sidecar.detectors.conformance import excess_test, pit_test
+    from quality_sidecar.detectors.conformance import excess_test, excess_totals, pit_test
 
     by_pos: dict[int, list[float]] = {}
     for sc in run.scores:
         for j, u in enumerate(sc["pit"]):
             by_pos.setdefault(j, []).append(u)
-    ex = np.sum([sc["excess"] for sc in run.scores], axis=0)
     out = {f"pit_pos{j}": pit_test(v).pvalue for j, v in sorted(by_pos.items())}
-    out["excess"] = excess_test(float(ex[0]), float(ex[1]), int(ex[2])).pvalue
+    out["excess"] = excess_test(*excess_totals(sc["excess"] for sc in run.scores)).pvalue
     return out

@@ -121,13 +121,14 @@ def _crit(name: str, measured: Any, threshold: str, passed: bool | None, require
 
 def _conformance(run: RunResult) -> dict[str, Any]:
     """One arm's T>0 samples under the baseline model: mean token log-prob, PIT values, out-of-support."""
+    from quality_sidecar.detectors.conformance import excess_totals
+
     sc = [x for x in (run.scores or []) if x["n_tokens"]]
     by_item: dict[str, list[float]] = {}
     for x in sc:
         by_item.setdefault(x["item_id"], []).append(x["mean_logprob"])
     pit = np.array([u for x in sc for u in x["pit"]], float)
-    ex = np.array([x.get("excess") or [0.0, 0.0, 0] for x in sc], float).reshape(-1, 3).sum(axis=0)
-    return {"excess": ex.tolist(), "n_samples": len(sc), "n_tokens": int(sum(x["n_tokens"] for x in sc)),
+    return {"excess": excess_totals(x.get("excess") for x in sc), "n_samples": len(sc), "n_tokens": int(sum(x["n_tokens"] for x in sc)),
             "mean_token_logprob": float(np.mean([x["mean_logprob"] for x in sc])) if sc else None,
             "mean_pit": float(pit.mean()) if len(pit) else None,
             "out_of_support": int(sum(x["out_of_support"] for x in (run.scores or []))),
