@@ -38,6 +38,31 @@ def test_a_change_in_costs_flips_the_choice():
     assert chosen[-40:].count("2d") > 30
 
 
+def test_a_retried_layout_is_measured_afresh_not_by_its_warm_up():
+    """The bias found in issue 14's k=8 runs: every layout is first measured in the warm-up, when the
+    output memory is empty and acceptance low; the incumbent's figure then follows the better
+    conditions step by step, the loser's stays at its warm-up value.  Here the loser ("strict") is the
+    faster one once acceptance has grown; re-tried 2 steps in 64, it must win at its first re-try --
+    blended into its warm-up figure by the EMA it took ~6 re-tries (~380 steps)."""
+    arb = LayoutArbiter(("chain", "strict"), explore_every=64, explore_steps=2, warmup_steps=8)
+    run(arb, 16, {"chain": (20, 0.010), "strict": (16, 0.009)})  # cold: chain 2000, strict 1778 tokens/s
+    assert arb.choose() == "chain"
+    chosen = run(arb, 140, {"chain": (30, 0.010), "strict": (28, 0.008)})  # warm: 3000 vs 3500 tokens/s
+    first_retry = chosen.index("strict")
+    assert first_retry < 66
+    assert chosen[first_retry + 2 :].count("chain") <= 2  # switched at once, chain only re-tried since
+    assert arb.tokens_per_s["strict"] == pytest.approx(3500)
+
+
+def test_the_first_steps_of_an_estimate_weigh_alike():
+    """During the warm-up an estimate is the plain mean of its steps, not an EMA anchored on the first
+    (with decay 0.9 the first of 8 steps kept 43% of the weight)."""
+    arb = LayoutArbiter(("chain",), warmup_steps=8)
+    for tokens in (10, 2, 2, 2, 2, 2, 2, 2):
+        arb.observe("chain", tokens, 0.01)
+    assert arb.tokens_per_s["chain"] == pytest.approx(300)  # mean of 1000 and seven 200s
+
+
 def test_idle_gaps_are_not_steps():
     arb = LayoutArbiter(("chain",), warmup_steps=2)
     for _ in range(4):

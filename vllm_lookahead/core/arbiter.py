@@ -5,7 +5,8 @@ GPU step the extra rows are nearly free and 2D's extra compression is a pure win
 CPU each row costs ~4% of a step and 2D loses to the chain (docs/design/lookahead-2d.md section 6).  A
 fixed rule would be wrong on one of them, so the engine times its own steps: an EMA of committed
 tokens per wall-clock second for each layout, the best one wins, and the others are re-tried for a
-few steps every so often so that a change (batch composition, prompt mix) is noticed.  "off" (no
+few steps every so often so that a change (batch composition, prompt mix) is noticed -- each re-try
+measured afresh, not blended into the figure from when the layout last ran.  "off" (no
 drafts) is a layout too: at a large batch on a compute-bound device even the chain's rows can cost
 more than they return, and then the engine should simply decode.  "strict" is the chain at a higher
 commit-probability floor (the drafter's busy-batch guard, docs/design/busy-floor.md): fewer, surer
@@ -21,7 +22,8 @@ class LayoutArbiter:
     """Throughput arbitration between draft layouts (a subset of ``MODES``) for one batch size."""
 
     def __init__(self, modes: tuple[str, ...] = ("chain", "2d", "off"), explore_every: int = 64,
-                 explore_steps: int = 4, warmup_steps: int = 8, decay: float = 0.9, outlier: float = 8.0):
+                 explore_steps: int = 4, warmup_steps: int = 8, decay: float = 0.9, outlier: float = 8.0,
+                 stale_after: int = 16):
         unknown = set(modes) - set(MODES)
         if unknown or not modes:
             raise ValueError(f"modes must be a non-empty subset of {MODES}, got {modes}")
@@ -31,9 +33,14 @@ class LayoutArbiter:
         self.warmup_steps = warmup_steps
         self.decay = decay
         self.outlier = outlier  # a gap this many times the mode's mean step is idle time, not a step
+        # a mode whose last step is more than this many steps back is measured afresh when re-tried
+        self.stale_after = stale_after
         self.tokens_per_s = {m: 0.0 for m in self.modes}
         self.step_s = {m: 0.0 for m in self.modes}
         self.samples = {m: 0 for m in self.modes}
+        self._steps = 0  # steps observed, all modes
+        self._last = {m: 0 for m in self.modes}  # the step count at each mode's latest step
+        self._fresh = {m: 0 for m in self.modes}  # steps in the mode's current estimate
         self._since_explore = 0
         self._exploring: list[str] = []
         self._next_explore = 0
@@ -44,12 +51,19 @@ class LayoutArbiter:
             return
         if self.samples[mode] >= self.warmup_steps and seconds > self.outlier * self.step_s[mode]:
             return  # the engine sat idle between two generate() calls
-        if self.samples[mode] == 0:
-            self.tokens_per_s[mode], self.step_s[mode] = tokens / seconds, seconds
-        else:
-            d = self.decay
-            self.tokens_per_s[mode] = d * self.tokens_per_s[mode] + (1 - d) * tokens / seconds
-            self.step_s[mode] = d * self.step_s[mode] + (1 - d) * seconds
+        self._steps += 1
+        # Why afresh: a loser's estimate was made while it last ran -- the warm-up at the start, when
+        # the memory was empty and the requests new -- while the incumbent's follows the conditions
+        # step by step; decayed towards by a 2-step re-try, the old figure would decide the
+        # comparison.  Within an estimate: the running mean until the EMA's window (1 / (1 - decay)
+        # steps) is full, so that its first step does not weigh more than the others.
+        if self._steps - self._last[mode] > self.stale_after:
+            self._fresh[mode] = 0
+        self._last[mode] = self._steps
+        self._fresh[mode] += 1
+        w = max(1.0 - self.decay, 1.0 / self._fresh[mode])
+        self.tokens_per_s[mode] += w * (tokens / seconds - self.tokens_per_s[mode])
+        self.step_s[mode] += w * (seconds - self.step_s[mode])
         self.samples[mode] += 1
 
     def choose(self) -> str:
