@@ -1,0 +1,157 @@
+"""How much compression better candidate *selection* could still give at batch 1 (issue 14).
+
+The chain drafter (core/chain.py) offers one draft per step, chosen among its sources' candidates --
+the context match, the engine-wide output memory, LADE's pool and the Jacobi iterate -- by estimated
+committed tokens.  This replays greedy decoding of held-out prompts one after another through *one*
+drafter (as the engine runs them at batch 1: the memory holds the earlier prompts' outputs) and, at
+every step, scores each source's full candidate against the output that greedy decoding really
+produced: the tokens it would have had accepted.  The best candidate of each step is the *selection
+oracle*; its mean over the steps is the ceiling of any rule that picks among these candidates
+(without new sources, more rows or a longer k).  Verification is simulated exactly
+(``core.simulate``: the demo model's argmax at every draft position, outputs equal greedy decoding).
+
+    python benchmarks/selection_oracle.py --prompts open --n 64 --k 4 \\
+        --json benchmarks/results/selection_oracle_open_64.json
+
+"Accepted tokens per step" are averaged over the decode steps that had a token left to predict;
+``1 + accepted`` is what a step commits, so the oracle's ``1 + accepted`` next to the drafter's bounds
+the compression a perfect selector would reach on the same steps (an estimate: a different choice
+would change later steps a little, through the pool and the request's acceptance history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _accepted(draft: list[int], future: list[int]) -> int:
+    """Leading tokens of ``draft`` that greedy decoding really produced next."""
+    n = 0
+    for d, t in zip(draft, future):
+        if d != t:
+            break
+        n += 1
+    return n
+
+
+def candidates(drafter, req_id: str, k: int) -> dict[str, list[int]]:
+    """Each source's full candidate for the request's next positions (before any floor or cut)."""
+    st = drafter.states[req_id]
+    toks = st.index.tokens
+    out: dict[str, list[int]] = {}
+    if not toks:
+        return out
+    cont, _ = st.index.lookup(k)
+    out["context"] = list(cont)
+    if drafter.memory is not None:
+        out["memory"] = drafter.memory.lookup_from(st.isolation_key, st.index.buf, len(toks), k)[0]
+    for i, cand in enumerate((st.pool.get(toks[-1]) or [])[:4]):
+        out[f"pool{i + 1}"] = list(cand)[:k]
+    if st.jacobi:
+        out["jacobi"] = list(st.jacobi[:k])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="models/demo-code-4l")
+    ap.add_argument("--prompts", default="open", help="open, copy or mixed (held-out prompts)")
+    ap.add_argument("--n", type=int, default=64, help="prompts, run one after another")
+    ap.add_argument("--k", type=int, default=4, help="draft tokens per step (num_speculative_tokens)")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="lookahead config override, as in the bench's SPEC (repeatable)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from drafter_lab import make_verify
+
+    from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter
+    from vllm_lookahead.core.simulate import simulate
+    from vllm_lookahead.decoders import parse_spec
+    from vllm_lookahead.prompts import load_heldout_prompts
+
+    overrides = parse_spec("lookahead:" + ",".join([f"k={args.k}", *args.set])).params
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    verify = make_verify(model)
+    drafter = LookaheadDrafter(LookaheadConfig(**overrides), args.k)
+    step = drafter.step
+    seen: list[tuple[int, list[int], dict[str, list[int]]]] = []  # (committed tokens, draft, candidates)
+
+    def recording_step(rows):
+        drafts = step(rows)
+        (row,) = rows
+        seen.append((row.num_tokens, drafts[0], candidates(drafter, row.req_id, args.k)))
+        return drafts
+
+    drafter.step = recording_step
+    acc: Counter[str] = Counter()
+    wins: Counter[str] = Counter()
+    scored = tokens = steps = 0
+    t0 = time.time()
+    for j, prompt in enumerate(tqdm(load_heldout_prompts(args.n, args.prompts, seed=0), desc="prompts", unit="prompt")):
+        ids = tok(prompt).input_ids
+        seen.clear()
+        res = simulate(verify, ids, args.max_tokens, args.k, eos=tok.eos_token_id, drafter=drafter, req_id=f"q{j}")
+        tokens += len(res.tokens)
+        steps += res.steps
+        full = list(ids) + res.tokens
+        for n_committed, draft, cands in seen:
+            future = full[n_committed:]
+            if not future:  # the last step: nothing left to predict
+                continue
+            scored += 1
+            got = {name: _accepted(c, future) for name, c in cands.items()}
+            mine = _accepted(draft, future)
+            acc["drafter"] += mine
+            for name, a in got.items():
+                acc[name] += a
+            acc["oracle_context_memory"] += max(got.get("context", 0), got.get("memory", 0), mine)
+            best = max([mine, *got.values()])
+            acc["oracle_all"] += best
+            if best > mine:
+                wins[max(got, key=lambda s: got[s])] += 1
+    per_step = {name: v / max(1, scored) for name, v in acc.items()}
+    drafter_c = 1 + per_step["drafter"]
+    out = {
+        "command": "python benchmarks/selection_oracle.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": args.model, "prompts": args.prompts, "n": args.n, "k": args.k, "max_tokens": args.max_tokens,
+        "config": overrides, "compression": tokens / steps, "decode_steps_scored": scored,
+        "accepted_per_step": per_step,
+        "committed_per_step": {"drafter": drafter_c, "oracle_context_memory": 1 + per_step["oracle_context_memory"],
+                               "oracle_all": 1 + per_step["oracle_all"]},
+        "oracle_gain": {"context_memory": (1 + per_step["oracle_context_memory"]) / drafter_c - 1,
+                        "all": (1 + per_step["oracle_all"]) / drafter_c - 1},
+        "steps_where_another_candidate_did_better": dict(wins.most_common()),
+    }
+    print(f"{'candidate':<24}{'accepted tokens / step':>24}")
+    for name, v in sorted(per_step.items(), key=lambda kv: -kv[1]):
+        print(f"{name:<24}{v:>24.3f}")
+    print(f"compression {out['compression']:.3f} tokens/step; committed per step: drafter {drafter_c:.3f}, "
+          f"oracle over context+memory {out['committed_per_step']['oracle_context_memory']:.3f} "
+          f"(+{100 * out['oracle_gain']['context_memory']:.1f}%), over all candidates "
+          f"{out['committed_per_step']['oracle_all']:.3f} (+{100 * out['oracle_gain']['all']:.1f}%) "
+          f"[{scored} decode steps, {time.time() - t0:.0f} s]")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
