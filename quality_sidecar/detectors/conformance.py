@@ -441,7 +441,6 @@ def excess_test(excess_sum: float, excess_var_sum: float, n_tokens: int, name: s
                                     f"(95% CI [{eff - half:+.4f}, {eff + half:+.4f}]; 0 exact; {direction}), z {z:+.2f}")
 
 
-
 def excess_totals(sums: Iterable[Sequence[float] | None]) -> tuple[float, float, int]:
     """(sum of excess, sum of null variances, tokens) over many samples' ``SequenceScore.excess_sums``
     triples (None or empty: a sample with nothing scored) -- the arguments of ``excess_test`` for a
@@ -454,6 +453,7 @@ def excess_totals(sums: Iterable[Sequence[float] | None]) -> tuple[float, float,
             tot_v += float(x[1])
             tot_n += int(x[2])
     return tot_s, tot_v, tot_n
+
 
 @dataclass(frozen=True)
 class ShiftResult:

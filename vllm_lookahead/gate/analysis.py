@@ -128,7 +128,8 @@ def _conformance(run: RunResult) -> dict[str, Any]:
     for x in sc:
         by_item.setdefault(x["item_id"], []).append(x["mean_logprob"])
     pit = np.array([u for x in sc for u in x["pit"]], float)
-    return {"excess": excess_totals(x.get("excess") for x in sc), "n_samples": len(sc), "n_tokens": int(sum(x["n_tokens"] for x in sc)),
+    return {"excess": excess_totals(x.get("excess") for x in sc), "n_samples": len(sc),
+            "n_tokens": int(sum(x["n_tokens"] for x in sc)),
             "mean_token_logprob": float(np.mean([x["mean_logprob"] for x in sc])) if sc else None,
             "mean_pit": float(pit.mean()) if len(pit) else None,
             "out_of_support": int(sum(x["out_of_support"] for x in (run.scores or []))),
