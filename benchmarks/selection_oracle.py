@@ -28,17 +28,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from vllm_lookahead.core.state import (
+    _agreement as accepted,  # a draft's leading tokens found in `future`
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _accepted(draft: list[int], future: list[int]) -> int:
-    """Leading tokens of ``draft`` that greedy decoding really produced next."""
-    n = 0
-    for d, t in zip(draft, future):
-        if d != t:
-            break
-        n += 1
-    return n
 
 
 def candidates(drafter, req_id: str, k: int) -> dict[str, list[int]]:
@@ -115,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             if not future:  # the last step: nothing left to predict
                 continue
             scored += 1
-            got = {name: _accepted(c, future) for name, c in cands.items()}
-            mine = _accepted(draft, future)
+            got = {name: accepted(c, future) for name, c in cands.items()}
+            mine = accepted(draft, future)
             acc["drafter"] += mine
             for name, a in got.items():
                 acc[name] += a

@@ -22,9 +22,9 @@ import selection_oracle  # noqa: E402
 
 
 def test_accepted_counts_the_leading_tokens_greedy_produced() -> None:
-    assert selection_oracle._accepted([5, 6, 7], [5, 6, 9, 7]) == 2
-    assert selection_oracle._accepted([], [1]) == 0
-    assert selection_oracle._accepted([1, 2], [1]) == 1  # the output ended
+    assert selection_oracle.accepted([5, 6, 7], [5, 6, 9, 7]) == 2
+    assert selection_oracle.accepted([], [1]) == 0
+    assert selection_oracle.accepted([1, 2], [1]) == 1  # the output ended
 
 
 def test_the_oracle_bounds_the_drafter_and_every_source(tmp_path: Path, demo_model: Path) -> None:
