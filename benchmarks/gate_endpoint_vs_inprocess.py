@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from vllm_lookahead.decoders import parse_spec  # noqa: E402
 from vllm_lookahead.devtools.vllm_server import VllmServer  # noqa: E402
+from vllm_lookahead.gate import faulty  # noqa: E402
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set  # noqa: E402
 from vllm_lookahead.gate.policy import load_policy  # noqa: E402
 from vllm_lookahead.gate.run import (  # noqa: E402
@@ -43,7 +44,7 @@ from vllm_lookahead.gate.run import (  # noqa: E402
     score_samples,
 )
 
-FAULTY = "vllm_lookahead.gate.faulty."
+FAULTY = faulty.CLASS_PATH
 
 
 def candidates(factor: float) -> dict[str, tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from vllm_lookahead.decoders import parse_spec
+from vllm_lookahead.gate import faulty
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
 from vllm_lookahead.gate.policy import load_policy
 from vllm_lookahead.gate.run import (
@@ -31,7 +32,7 @@ from vllm_lookahead.gate.run import (
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-FAULTY = "custom:vllm_lookahead.gate.faulty."
+FAULTY = faulty.SPEC
 FAULTS = (FAULTY + "DraftTemperatureProposer:k=4,factor=0.8", FAULTY + "OriginalExpandKernelProposer:k=4")
 EXACT = ("lookahead:k=4", "lookahead2d:W=5,N=3,G=5")
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from vllm_lookahead.devtools.vllm_server import VllmServer
+from vllm_lookahead.gate import faulty
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
 from vllm_lookahead.gate.policy import load_policy
 from vllm_lookahead.gate.run import (
@@ -40,7 +41,7 @@ from vllm_lookahead.gate.run import (
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-FAULTY = "vllm_lookahead.gate.faulty."
+FAULTY = faulty.CLASS_PATH
 COMMON = ["--served-model-name", "demo", "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32",
           "--seed", "0"]
 

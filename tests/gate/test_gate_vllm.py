@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from vllm_lookahead.decoders import parse_spec
+from vllm_lookahead.gate import faulty
 from vllm_lookahead.gate.engine import ArmRuns
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
 from vllm_lookahead.gate.policy import load_policy
@@ -23,7 +24,7 @@ from vllm_lookahead.gate.run import GateInputs, evaluate, preflight, run_baselin
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-FAULTY = "custom:vllm_lookahead.gate.faulty."
+FAULTY = faulty.SPEC
 
 
 def _inputs(model: Path, candidate: str) -> GateInputs:

@@ -35,6 +35,12 @@ from typing import Any
 
 import numpy as np
 
+# what names one of these classes: vLLM's ``speculative_config.model`` / ``--speculative-config`` takes
+# CLASS_PATH + "<Class>", the gate's and the bench's SPEC takes SPEC + "<Class>:k=4,..." (one spelling
+# for the tests and benchmarks that load them)
+CLASS_PATH = __name__ + "."
+SPEC = "custom:" + CLASS_PATH
+
 _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("gate_faulty_drafter", default=None)
 _PATCHED = False
 
