@@ -78,10 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a LookaheadConfig override (repeatable), e.g. --set pool_max_batch=0")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    from vllm_lookahead.decoders import parse_spec
+    from vllm_lookahead.decoders import lookahead_overrides
 
-    # the bench's SPEC syntax and checks (one KEY=VALUE parser, LookaheadConfig's validation)
-    overrides = parse_spec("lookahead:" + ",".join([f"k={args.k}", *args.set])).params
+    overrides = lookahead_overrides(args.k, args.set)
     from transformers import AutoTokenizer
 
     from vllm_lookahead.prompts import load_heldout_prompts

@@ -74,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter
     from vllm_lookahead.core.simulate import simulate
-    from vllm_lookahead.decoders import parse_spec
+    from vllm_lookahead.decoders import lookahead_overrides
     from vllm_lookahead.prompts import load_heldout_prompts
 
-    overrides = parse_spec("lookahead:" + ",".join([f"k={args.k}", *args.set])).params
+    overrides = lookahead_overrides(args.k, args.set)
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

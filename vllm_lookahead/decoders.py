@@ -243,6 +243,12 @@ def parse_spec(spec: str, *, check_import: bool = True) -> DecoderSpec:
     raise SpecError(f"{spec!r}: unknown decoder kind {kind!r}. {SPEC_HELP}")
 
 
+def lookahead_overrides(k: int, settings: list[str]) -> dict[str, Any]:
+    """LookaheadConfig overrides from ``KEY=VALUE`` strings (the scripts' ``--set``), parsed and checked
+    as the lookahead SPEC's parameters are: one KEY=VALUE coercion, LookaheadConfig's keys and ranges."""
+    return parse_spec("lookahead:" + ",".join([f"k={k}", *settings])).params
+
+
 def check_class(class_path: str, spec: str) -> None:
     """Import ``pkg.module.Class`` now so that a typo fails before any engine starts."""
     module_path, name = class_path.rsplit(".", 1)
