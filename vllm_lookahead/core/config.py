@@ -37,6 +37,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 EXCLUSIVE_HI = frozenset({"ema_decay"})  # upper bound not allowed itself
 K_LIMITS = (1, 128)
 """num_speculative_tokens: vLLM's MAX_SPEC_LEN bounds a step's draft rows (the 2D layout uses them all)."""
+BUSY_FLOOR_BY_K = ((4, 0.05), (8, 0.3))
+"""(k, floor) points of the default busy floor (``LookaheadConfig.busy_floor``): measured at k = 4 and 8."""
 ALIASES: dict[str, str] = {"W": "lade_window", "N": "lade_ngram", "G": "lade_candidates"}
 """W/N/G mean LADE's window, n-gram size and candidates (guess set) -- the 2D layout's shape -- in
 every place they are accepted: this config dict, the ``lookahead`` / ``lookahead2d`` SPEC strings and a
@@ -124,12 +126,17 @@ class LookaheadConfig:
     learned estimates.  With more requests the floor rises linearly to `chain_busy_min_p`
     (``LookaheadDrafter.chain_floor``): a draft row pays when its commit probability beats what the
     step's time would serve otherwise, and that grows with the batch."""
-    chain_busy_min_p: float = 0.05
+    chain_busy_min_p: float | None = None
     """Policy "chain" from `batch_size_threshold` running requests on: the floor (the measured guard may
-    still switch drafting off).  0.05, the same as one request's: on this project's 2-core CPU a lower
-    floor served more tokens/s at batch 8 and 32 on both open and copy prompts (0.05 vs 0.25 vs 0.4,
-    benchmarks/results/chain_floor_tuning_{open,copy}_64_s1.json) -- a step's time hardly grows with
-    its draft rows there.  Raise it where draft rows cost more (the floor then rises with the batch)."""
+    still switch drafting off).  Unset (None, the default): chosen by k (``busy_floor``) -- 0.05 up to
+    k = 4, rising linearly to 0.3 at k = 8 and staying there.  Why by k: on this project's 2-core CPU
+    the floor that served most at busy batches was 0.05 with k = 4 (0.05 vs 0.25 vs 0.4,
+    benchmarks/results/chain_floor_tuning_{open,copy}_64_s1.json; 0.3 lost again in
+    busy_floor_k4_open_64_b.json) but 0.3 with k = 8 (busy_floor_k8_{open_64_a,open_64_b,copy_64}.json:
+    ahead at batch 32 in all three runs): a request's k + 1 query rows cost step time once they are
+    many (batch 8: ~0.03 ms per draft row at k = 4, ~0.14 at k = 8), and the long drafts' tails are the
+    least likely tokens.  k = 5..7 are interpolated, not measured.  A number here is used at every k;
+    raise it where draft rows cost more (the floor then rises with the batch)."""
     chain_strict_min_p: float = 0.0
     """Policy "chain" above `guard_batch_size` running requests: the floor of the guard's "strict" mode
     (opt-in; at or below `chain_busy_min_p`, as by default, it is not tried).  With it the guard measures
@@ -218,15 +225,17 @@ class LookaheadConfig:
 
         for f in fields(self):
             v = getattr(self, f.name)
-            expected = bool if f.type in ("bool", bool) else float if f.type in ("float", float) else \
-                str if f.type in ("str", str) else int
+            if v is None and str(f.type).endswith("| None"):  # unset: a default chosen at run time
+                continue
+            base = str(f.type).split(" |")[0]  # "float | None": a float when set
+            expected = bool if base == "bool" else float if base == "float" else str if base == "str" else int
             ok = isinstance(v, expected) if expected in (bool, str) else (
                 isinstance(v, (int, float)) and not isinstance(v, bool) if expected is float
                 else isinstance(v, int) and not isinstance(v, bool))
             need(ok, f.name, f"expected {expected.__name__}")
         for key in LIMITS:
             v = getattr(self, key)
-            need(in_range(key, v), key, range_text(key))
+            need(v is None or in_range(key, v), key, range_text(key))
         for key, allowed in CHOICES.items():
             need(getattr(self, key) in allowed, key, "must be " + " or ".join(f'"{c}"' for c in allowed))
         need(self.min_match <= self.max_match, "min_match", "must be <= max_match")
@@ -239,6 +248,15 @@ class LookaheadConfig:
         >= lade_rows - 1."""
         return ((self.lade_ngram - 1) * (self.lade_window + self.lade_candidates) + self.lade_context_candidate
                 + self.lade_shared_candidates * (self.ngram - 1))
+
+    def busy_floor(self, k: int) -> float:
+        """The policy "chain" floor from `batch_size_threshold` rows on, for drafts of up to ``k`` tokens:
+        `chain_busy_min_p` if set, else the measured k-aware default (0.05 at k <= 4, 0.3 at k >= 8,
+        linear between; see `chain_busy_min_p`)."""
+        if self.chain_busy_min_p is not None:
+            return self.chain_busy_min_p
+        lo, hi = BUSY_FLOOR_BY_K
+        return lo[1] + (hi[1] - lo[1]) * min(max(k - lo[0], 0), hi[0] - lo[0]) / (hi[0] - lo[0])
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> LookaheadConfig:
@@ -254,7 +272,7 @@ class LookaheadConfig:
             raise LookaheadConfigError(
                 f"lookahead config: unknown key(s) {unknown}; known keys: {sorted(known)} (aliases W, N, G)")
         for f in fields(cls):  # ints given where floats are expected are fine
-            if f.name in raw and f.type in ("float", float) and isinstance(raw[f.name], int) \
+            if f.name in raw and str(f.type).startswith("float") and isinstance(raw[f.name], int) \
                     and not isinstance(raw[f.name], bool):
                 raw[f.name] = float(raw[f.name])
         return cls(**raw)
@@ -293,7 +311,9 @@ def json_schema() -> dict[str, Any]:
     generated from the dataclass and ``LIMITS``/``CHOICES`` -- the chart's schema embeds it."""
     props: dict[str, Any] = {}
     for f in fields(LookaheadConfig):
-        kind = {"bool": "boolean", "float": "number", "str": "string"}.get(str(f.type), "integer")
+        kind: Any = {"bool": "boolean", "float": "number", "str": "string"}.get(str(f.type).split(" |")[0], "integer")
+        if str(f.type).endswith("| None"):
+            kind = [kind, "null"]
         prop: dict[str, Any] = {"type": kind, "default": f.default}
         if f.name in LIMITS:
             lo, hi = LIMITS[f.name]

@@ -364,8 +364,9 @@ class LookaheadDrafter:
         rows and staying there.  Why it may rise: a draft token pays when its commit probability beats
         the tokens the step's time would serve otherwise (p >= cost of one row x tokens/s), and the
         batch's tokens/s grows with the batch.  On the 2-core CPU a step's time hardly grows with its
-        draft rows, so the defaults keep it flat (config: ``chain_busy_min_p``)."""
-        lo, hi, top = self.cfg.chain_min_p, self.cfg.chain_busy_min_p, self.cfg.batch_size_threshold
+        draft rows at k <= 4, so the default keeps it flat there, and raises it with longer drafts
+        (``LookaheadConfig.busy_floor``)."""
+        lo, hi, top = self.cfg.chain_min_p, self.cfg.busy_floor(self.k), self.cfg.batch_size_threshold
         if batch >= top:
             return hi
         return lo + (hi - lo) * max(0, batch - 1) / max(1, top - 1)
