@@ -34,7 +34,8 @@ import torch
 from transformers import AutoTokenizer
 
 from vllm_lookahead.prompts import load_heldout_prompts
-from vllm_lookahead.reference import greedy_generate, lade_generate, load_model
+from vllm_lookahead.reference import greedy_generate, load_model
+from vllm_lookahead.reference.bench import LadeConfig, lade_results, model_eos
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "benchmarks" / "lade_oracle_worker.py"
@@ -140,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     py = oracle_python(args.oracle_python)
     model = load_model(args.model, "float32")
     tok = AutoTokenizer.from_pretrained(args.model)
-    eos_cfg = model.config.eos_token_id
-    eos = eos_cfg[0] if isinstance(eos_cfg, list) else eos_cfg
+    eos = model_eos(model)
     w, n, g = args.wng
     sets = []
     t0 = time.time()
@@ -159,13 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, kw in VARIANTS.items():
             if name not in args.variants:
                 continue
-            rows = []
-            for p, gr in zip(prompts, greedy, strict=True):
-                res = lade_generate(model, p, args.max_tokens, window=w, ngram=n, pool_size=g,
-                                    eos_token_id=eos, **kw)
-                rows.append({"tokens": res.tokens, "forwards": res.forwards, "accepted": res.accepted,
-                             "equals_greedy": res.tokens == gr})
-            methods[name] = rows
+            results = lade_results(model, prompts, args.max_tokens, LadeConfig(w, n, g), eos_token_id=eos, **kw)
+            methods[name] = [{"tokens": res.tokens, "forwards": res.forwards, "accepted": res.accepted,
+                              "equals_greedy": res.tokens == gr} for res, gr in zip(results, greedy, strict=True)]
         lade_rows, compat = methods["lade_0.0.2"], methods.get("lade_compatible")
         step_equal = [a["accepted"] == b["accepted"] and a["tokens"] == b["tokens"]
                       for a, b in zip(lade_rows, compat or [], strict=False)]

@@ -30,14 +30,15 @@ def replay(policy: str, prompts: list[list[int]], steps: int, k: int, seed: int,
            overrides: dict | None = None) -> dict[str, float]:
     from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
 
-    drafter = LookaheadDrafter(LookaheadConfig(policy=policy, **(overrides or {})), k)
+    # the drafting path is what is measured: on random tokens the busy-batch guard (policies chain/ema)
+    # would soon switch drafting off, and the replay would time the guard's choice, not the upkeep --
+    # so the guard starts above any batch replayed here (unless --set says otherwise)
+    settings = {"guard_batch_size": 1 << 30, **(overrides or {})}
+    drafter = LookaheadDrafter(LookaheadConfig(policy=policy, **settings), k)
     # between two steps the engine runs a forward pass that streams the weights and activations through
     # the CPU caches; --evict-mb streams a buffer of that size instead, so the replay pays the same cold
     # caches as the engine's proposer does (without it the replay measures a warm drafter)
     junk = np.ones(evict_mb * (1 << 18), dtype=np.float32) if evict_mb else None
-    # the drafting path is what is measured: on random tokens the busy-batch guard (policies chain/ema)
-    # would soon switch drafting off, and the replay would time the guard's choice, not the upkeep
-    drafter._guard = lambda rows, live: "chain"
     rng = random.Random(seed)
     ctxs = [list(p) + [1] for p in prompts]
     plen = [len(p) for p in prompts]

@@ -27,7 +27,7 @@ from transformers import AutoTokenizer
 
 from vllm_lookahead.prompts import load_heldout_prompts, read_prompts_jsonl
 from vllm_lookahead.reference import load_model
-from vllm_lookahead.reference.bench import LadeConfig, run_prompt_set
+from vllm_lookahead.reference.bench import LadeConfig, model_eos, run_prompt_set
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,8 +74,7 @@ def _eos(spec: str, model) -> int | None:
     if spec == "none":
         return None
     if spec == "auto":
-        eos = model.config.eos_token_id
-        return eos[0] if isinstance(eos, list) else eos
+        return model_eos(model)
     return int(spec)
 
 

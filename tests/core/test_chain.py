@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
+from vllm_lookahead.core.config import LookaheadConfigError
 from vllm_lookahead.core.context_index import ContextIndex
 from vllm_lookahead.core.cost_model import StepCostModel
 from vllm_lookahead.core.simulate import simulate
@@ -334,6 +335,31 @@ def test_chain_floor_rises_with_the_batch():
     rows = [RowStep(f"r{i}", ctx, len(ctx), [8], prompt_len=11) for i in range(8)]
     mid = LookaheadDrafter(LookaheadConfig(**kw), 4).step(rows)
     assert alone == [9, 10, 11, 12] and all(len(m) < len(alone) and m == alone[: len(m)] for m in mid)
+
+
+def test_the_busy_floor_left_unset_is_chosen_by_k():
+    """`chain_busy_min_p` unset (the default): the busy floor is 0.05 up to k = 4 (flat: the one-row
+    floor) and 0.3 from k = 8 (linear between) -- the floors measured fastest at batch 32 on CPU with
+    k = 4 and k = 8; a value that is set is used at every k.  With k = 8 a batch of 16 rows therefore
+    drafts the confident head of a long context match, not its improbable tail."""
+    unset = LookaheadConfig()
+    assert unset.chain_busy_min_p is None and LookaheadConfig.from_dict({"chain_busy_min_p": None}) == unset
+    floors = {k: LookaheadDrafter(unset, k).chain_floor(16) for k in (1, 4, 5, 6, 8, 16)}
+    assert floors[1] == floors[4] == unset.chain_min_p == LookaheadDrafter(unset, 8).chain_floor(1)
+    assert floors[8] == floors[16] == 0.3 and floors[4] < floors[5] < floors[6] < floors[8]
+    assert LookaheadDrafter(LookaheadConfig(chain_busy_min_p=0.05), 8).chain_floor(16) == 0.05
+    assert LookaheadDrafter(LookaheadConfig(chain_busy_min_p=0.4), 4).chain_floor(32) == 0.4
+    with pytest.raises(LookaheadConfigError, match="chain_busy_min_p"):
+        LookaheadConfig(chain_busy_min_p=1.5)
+    ctx = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8]  # a 4-token match: 9 10 11 12 5 6 7 8 follows
+
+    def drafts(**kw) -> list[list[int]]:  # 16 rows: the busy floor, below the measured guard's reach
+        rows = [RowStep(f"r{i}", ctx, len(ctx), [8], prompt_len=11) for i in range(16)]
+        return LookaheadDrafter(LookaheadConfig(**kw), 8).step(rows)
+
+    long, short = drafts(chain_busy_min_p=0.05), drafts()
+    assert all(d == [9, 10, 11, 12, 5, 6, 7, 8] for d in long)
+    assert all(0 < len(d) < 8 and d == long[0][: len(d)] for d in short)
 
 
 def test_guard_off_steps_skip_the_upkeep_and_lose_nothing():

@@ -27,6 +27,12 @@ def test_accepted_counts_the_leading_tokens_greedy_produced() -> None:
     assert selection_oracle.accepted([1, 2], [1]) == 1  # the output ended
 
 
+def test_rule_key_buckets_the_evidence_a_fixed_rule_could_use() -> None:
+    # context match 5 -> 4+, two shared leading tokens, memory match 7 -> 6+, first-token frequency 0.95
+    assert selection_oracle.rule_key([1, 2, 3], 5, [1, 2, 4], [0.95, 0.5], 7) == (4, 2, 2, 4)
+    assert selection_oracle.rule_key([1], 1, [2], [0.1], 1) == (1, 0, 0, 0)
+
+
 def test_the_oracle_bounds_the_drafter_and_every_source(tmp_path: Path, demo_model: Path) -> None:
     out = tmp_path / "oracle.json"
     assert selection_oracle.main(["--model", str(demo_model), "--n", "2", "--max-tokens", "24", "--json", str(out)]) == 0
@@ -37,6 +43,8 @@ def test_the_oracle_bounds_the_drafter_and_every_source(tmp_path: Path, demo_mod
     for source in ("context", "memory"):
         assert acc["oracle_all"] >= acc[source]
     assert res["oracle_gain"]["all"] >= 0
+    # a fixed rule (one choice per evidence key) can never beat the per-step best of the same candidates
+    assert 0 <= res["fixed_rule_bound"]["gain"] <= res["oracle_gain"]["context_memory"] + 1e-12
     # 1 + accepted per decode step is what a step commits: close to the simulated compression (which
     # also counts the prefill step and the cut at max_tokens)
     assert res["committed_per_step"]["drafter"] == pytest.approx(res["compression"], rel=0.25)

@@ -92,7 +92,7 @@ class LookaheadConfig:
     and Jacobi iterate at batch <= `pool_max_batch`) offers a candidate with a learned per-token
     acceptance estimate (core/chain.py); the best one is drafted while its estimated commit probability
     stays >= a floor that can rise with the batch (`chain_min_p` at one request to `chain_busy_min_p` at
-    `batch_size_threshold`, both 0.05 by default; above it a measured guard also switches drafting off
+    `batch_size_threshold`, 0.05 by default, the busy one higher for k > 4; above it a measured guard also switches drafting off
     while plain decoding serves more tokens/s).  "cost": the same candidates cut for the whole batch by a model of the
     engine's step times (core/cost_model.py; it drafted too little at batch 8 and 32 after a cold
     start).  "ema" (the default until issue 14): the fixed-k policy (per-request EMA floor, busy

@@ -37,6 +37,27 @@ class LadeConfig:
         return f"lade W={self.window} N={self.ngram} G={self.pool_size}"
 
 
+def model_eos(model: PreTrainedModel) -> int | None:
+    """The model's end-of-sequence token (the first, where its config lists several)."""
+    eos = model.config.eos_token_id
+    return eos[0] if isinstance(eos, list) else eos
+
+
+def lade_results(model: PreTrainedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, cfg: LadeConfig,
+                 *, eos_token_id: int | None = None, progress: Callable[[int], None] | None = None,
+                 **options: object) -> list[LadeResult]:
+    """The reference LADE decoder (``lade_generate`` at ``cfg``'s W/N/G, with ``options`` such as
+    ``prompt_pool``, ``seed``, ``full_match_bonus``) on every prompt, in order.  One loop for this
+    module's prompt-set runs and ``benchmarks/lade_oracle.py``'s variants, so both decode alike."""
+    out = []
+    for p in prompts:
+        out.append(lade_generate(model, p, max_new_tokens, window=cfg.window, ngram=cfg.ngram,
+                                 pool_size=cfg.pool_size, eos_token_id=eos_token_id, **options))
+        if progress is not None:
+            progress(1)
+    return out
+
+
 def _summary(method: str, params: dict, results: list[LadeResult], want: list[list[int]], secs: float) -> dict:
     tokens = sum(len(r.tokens) for r in results)
     forwards = sum(r.forwards for r in results)
@@ -90,13 +111,8 @@ def run_prompt_set(
     rows = [_summary("greedy", {}, greedy_results, want, greedy_secs)]
     for cfg in configs:
         t0 = time.perf_counter()
-        res = []
-        for p in prompts:
-            res.append(lade_generate(
-                model, p, max_new_tokens, window=cfg.window, ngram=cfg.ngram, pool_size=cfg.pool_size,
-                eos_token_id=eos_token_id, prompt_pool=prompt_pool, seed=seed,
-            ))
-            tick(1)
+        res = lade_results(model, prompts, max_new_tokens, cfg, eos_token_id=eos_token_id, progress=tick,
+                           prompt_pool=prompt_pool, seed=seed)
         params = {"W": cfg.window, "N": cfg.ngram, "G": cfg.pool_size, "prompt_pool": prompt_pool}
         rows.append(_summary("lade", params, res, want, time.perf_counter() - t0))
     for k in lookup_ks:
