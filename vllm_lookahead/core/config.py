@@ -132,11 +132,13 @@ class LookaheadConfig:
     k = 4, rising linearly to 0.3 at k = 8 and staying there.  Why by k: on this project's 2-core CPU
     the floor that served most at busy batches was 0.05 with k = 4 (0.05 vs 0.25 vs 0.4,
     benchmarks/results/chain_floor_tuning_{open,copy}_64_s1.json; 0.3 lost again in
-    busy_floor_k4_open_64_b.json) but 0.3 with k = 8 (busy_floor_k8_{open_64_a,open_64_b,copy_64}.json:
-    ahead at batch 32 in all three runs): a request's k + 1 query rows cost step time once they are
-    many (batch 8: ~0.03 ms per draft row at k = 4, ~0.14 at k = 8), and the long drafts' tails are the
-    least likely tokens.  k = 5..7 are interpolated, not measured.  A number here is used at every k;
-    raise it where draft rows cost more (the floor then rises with the batch)."""
+    busy_floor_k4_open_64_b.json) but 0.3 with k = 8 (busy_floor_k8_{open_64_a,open_64_b,copy_64}.json,
+    busy_floor_auto_k8_{open,copy}_64.json: ahead at batch 32 in all five runs): a request's k + 1
+    query rows cost step time once they are many (batch 8: ~0.03 ms per draft row at k = 4, ~0.15 at
+    k = 8), and the long drafts' tails are the least likely tokens.  k = 5..7 are interpolated; k = 6
+    was checked (busy_floor_auto_k6_{open,copy}_64_r5.json: ahead at batch 32, batch 8 within the
+    spread).  A number here is used at every k; raise it where draft rows cost more (the floor then
+    rises with the batch)."""
     chain_strict_min_p: float = 0.0
     """Policy "chain" above `guard_batch_size` running requests: the floor of the guard's "strict" mode
     (opt-in; at or below `chain_busy_min_p`, as by default, it is not tried).  With it the guard measures
