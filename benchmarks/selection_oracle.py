@@ -62,12 +62,7 @@ def rule_key(context: list[int], match: int, memory: list[int], probs: list[floa
     """What a fixed rule choosing between a context and a memory candidate could see: the context's
     match length (1..4+), how many leading tokens the two share (0, 1, 2+), the memory's match length
     (1-2 / 3-5 / 6+) and its first token's frequency (fifths)."""
-    shared = 0
-    for a, b in zip(context, memory):
-        if a != b:
-            break
-        shared += 1
-    return (min(match, 4), min(shared, 2), min(mem_match, 6) // 3, min(int(probs[0] * 5), 4))
+    return (min(match, 4), min(accepted(context, memory), 2), min(mem_match, 6) // 3, min(int(probs[0] * 5), 4))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 
 from vllm_lookahead.prompts import load_heldout_prompts
 from vllm_lookahead.reference import greedy_generate, lade_generate, load_model
+from vllm_lookahead.reference.bench import model_eos
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,7 @@ def test_reference_reproduces_hao_ai_lab_lade_step_for_step(demo_model, oracle_p
     tok = AutoTokenizer.from_pretrained(demo_model)
     texts = load_heldout_prompts(3, "open") + load_heldout_prompts(3, "copy")
     prompts = [tok(t)["input_ids"] for t in texts]
-    eos = model.config.eos_token_id
+    eos = model_eos(model)
     lade = lade_oracle.run_lade(oracle_python, str(demo_model), (W, N, G), MAX_NEW, eos, prompts)["results"]
     differs = 0
     for i, (p, ref) in enumerate(zip(prompts, lade, strict=True)):

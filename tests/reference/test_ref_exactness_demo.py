@@ -17,6 +17,7 @@ from vllm_lookahead.reference import (
     load_model,
     prompt_lookup_generate,
 )
+from vllm_lookahead.reference.bench import model_eos
 
 pytestmark = pytest.mark.slow
 MAX_NEW = 48
@@ -28,7 +29,7 @@ def demo(demo_model):
     tok = AutoTokenizer.from_pretrained(demo_model)
     texts = load_heldout_prompts(50, "open") + load_heldout_prompts(50, "copy")
     prompts = [tok(t)["input_ids"] for t in texts]
-    eos = model.config.eos_token_id
+    eos = model_eos(model)
     return model, prompts, eos
 
 

@@ -47,6 +47,13 @@ request's ``extra_args["lookahead"]``.  The chain's own knobs have long names on
 NOTES = {"window": " (0 = k)", "chain_max_draft": " (0 = k)", "lade_ngram": " (N=2 leaves no lookahead level)"}
 
 
+def _field_type(f: dataclasses.Field) -> tuple[str, bool]:
+    """A config field's type as (base type name, whether None is allowed): ``"float | None"`` ->
+    ("float", True).  The annotations are strings here (``from __future__ import annotations``)."""
+    text = str(f.type)
+    return text.split(" |")[0], text.endswith("| None")
+
+
 def range_text(key: str) -> str:
     lo, hi = LIMITS[key]
     if hi is None:
@@ -227,9 +234,9 @@ class LookaheadConfig:
 
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is None and str(f.type).endswith("| None"):  # unset: a default chosen at run time
+            base, optional = _field_type(f)
+            if v is None and optional:  # unset: a default chosen at run time
                 continue
-            base = str(f.type).split(" |")[0]  # "float | None": a float when set
             expected = bool if base == "bool" else float if base == "float" else str if base == "str" else int
             ok = isinstance(v, expected) if expected in (bool, str) else (
                 isinstance(v, (int, float)) and not isinstance(v, bool) if expected is float
@@ -274,7 +281,7 @@ class LookaheadConfig:
             raise LookaheadConfigError(
                 f"lookahead config: unknown key(s) {unknown}; known keys: {sorted(known)} (aliases W, N, G)")
         for f in fields(cls):  # ints given where floats are expected are fine
-            if f.name in raw and str(f.type).startswith("float") and isinstance(raw[f.name], int) \
+            if f.name in raw and _field_type(f)[0] == "float" and isinstance(raw[f.name], int) \
                     and not isinstance(raw[f.name], bool):
                 raw[f.name] = float(raw[f.name])
         return cls(**raw)
@@ -313,8 +320,9 @@ def json_schema() -> dict[str, Any]:
     generated from the dataclass and ``LIMITS``/``CHOICES`` -- the chart's schema embeds it."""
     props: dict[str, Any] = {}
     for f in fields(LookaheadConfig):
-        kind: Any = {"bool": "boolean", "float": "number", "str": "string"}.get(str(f.type).split(" |")[0], "integer")
-        if str(f.type).endswith("| None"):
+        base, optional = _field_type(f)
+        kind: Any = {"bool": "boolean", "float": "number", "str": "string"}.get(base, "integer")
+        if optional:
             kind = [kind, "null"]
         prop: dict[str, Any] = {"type": kind, "default": f.default}
         if f.name in LIMITS:
