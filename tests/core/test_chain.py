@@ -401,34 +401,53 @@ def test_proposer_isolation_key_from_lora_and_tenant():
     assert len({isolation_key(req(lora=a, extra={"tenant": t})) for a in ("x", "y") for t in ("1", "2")}) == 4
 
 
-def _replay(compiled: bool, seed: int, batch: int = 8, steps: int = 100, **cfg) -> tuple[list, dict]:
+def _replay(compiled: bool | str, seed: int, batch: int = 8, steps: int = 100, shrink: bool = False,
+            **cfg) -> tuple[list, dict]:
     """Random decoding over a 12-token vocabulary (contexts and memory match often), a random prefix
-    of every draft accepted, three tenants, a request replaced by a new one now and then."""
+    of every draft accepted, three tenants, a request replaced by a new one now and then.  ``compiled``:
+    True/False set ``LookaheadDrafter.compiled_rows``; "arrays" runs the engine's way, ``step_arrays``
+    on a padded token array wherever ``batch_path`` allows it.  ``shrink``: now and then only some rows
+    run (the others wait, as if preempted), down to a single row (the slow path with the pool)."""
     d = LookaheadDrafter(LookaheadConfig(**cfg), 4)
-    d.compiled_rows = compiled
+    d.compiled_rows = compiled is not False
     tick = iter(range(10**9))
     d.clock = lambda: 0.01 * next(tick)  # policy "cost": the same step times in both runs
     rng = random.Random(seed)
     ctxs = [[rng.randrange(12) for _ in range(rng.randint(3, 40))] for _ in range(batch)]
     plen = [len(c) for c in ctxs]
     ids = [f"r{i}" for i in range(batch)]
-    drafts = d.step([RowStep(ids[i], np.array(c), len(c), [], 0, None, plen[i], isolation_key=i % 3)
-                     for i, c in enumerate(ctxs)])
-    seen = [drafts]
+    news: list[list[int]] = [[] for _ in range(batch)]
+    ver = [0] * batch
+
+    def step(run: list[int]) -> list[list[int]]:
+        if compiled == "arrays" and d.batch_path(len(run)):
+            tokens = np.zeros((len(run) + 1, max(len(ctxs[i]) for i in run) + 3), dtype=np.int32)
+            for r, i in enumerate(run):
+                tokens[r, : len(ctxs[i])] = ctxs[i]
+            return d.step_arrays([ids[i] for i in run], tokens, np.array([len(ctxs[i]) for i in run]),
+                                 [news[i] for i in run], np.array([ver[i] for i in run]),
+                                 np.array([plen[i] for i in run]), lambda rid: int(rid[1:]) % 3)
+        return d.step([RowStep(ids[i], np.array(ctxs[i]), len(ctxs[i]), news[i], ver[i], None, plen[i],
+                               isolation_key=int(ids[i][1:]) % 3) for i in run])
+
+    run = list(range(batch))
+    drafts = dict(zip(run, step(run)))
+    seen = [sorted(drafts.items())]
     for s in range(steps):
-        rows = []
-        for i, dr in enumerate(drafts):
-            new = dr[: rng.randint(0, len(dr))] + [rng.randrange(12)]
-            ctxs[i] += new
-            rows.append(RowStep(ids[i], np.array(ctxs[i]), len(ctxs[i]), new, len(dr), None, plen[i],
-                                isolation_key=i % 3))
+        for i in run:  # the rows that ran commit a random prefix of their drafts and one more token
+            dr = drafts[i]
+            news[i] = dr[: rng.randint(0, len(dr))] + [rng.randrange(12)]
+            ctxs[i] += news[i]
+            ver[i] = len(dr)
         if s % 13 == 4:  # a request finishes, a new one joins (still prefilling: no tokens sampled)
             j = rng.randrange(batch)
             ids[j], ctxs[j] = f"n{s}", [rng.randrange(12) for _ in range(rng.randint(3, 40))]
-            plen[j] = len(ctxs[j])
-            rows[j] = RowStep(ids[j], np.array(ctxs[j]), plen[j], [], 0, None, plen[j], isolation_key=j % 3)
-        drafts = d.step(rows)
-        seen.append(drafts)
+            plen[j], news[j], ver[j] = len(ctxs[j]), [], 0
+        run = list(range(batch))
+        if shrink and s % 7 in (2, 3, 5):
+            run = sorted(rng.sample(run, 1 if s % 7 == 2 else rng.randint(2, batch - 1)))
+        drafts = dict(zip(run, step(run)))
+        seen.append(sorted(drafts.items()))
     return seen, d.summary()["by_source"]
 
 
@@ -444,4 +463,22 @@ def test_compiled_rows_draft_exactly_what_propose_chain_drafts(cfg):
         fast, fast_src = _replay(True, seed, **cfg)
         ref, ref_src = _replay(False, seed, **cfg)
         assert fast == ref and fast_src == ref_src
-        assert sum(len(d) for step in fast for d in step) > 100  # the replay did draft
+        assert sum(len(d) for step in fast for _, d in step) > 100  # the replay did draft
+
+
+@pytest.mark.parametrize("cfg", [{}, {"memory_tokens": 200}, {"memory_tokens": 0}, {"memory_tokens": 60},
+                                 {"memory_depth": 2, "max_match": 2, "chain_min_p": 0.2},
+                                 {"max_batch_draft_tokens": 9}, {"max_prompt_index_tokens": 16}])
+@pytest.mark.parametrize("shrink", [False, True])
+def test_batch_arrays_draft_exactly_what_the_row_path_drafts(cfg, shrink):
+    """The engine's path above ``pool_max_batch`` rows (``step_arrays``: per-request state in slot
+    arrays, the engine's token rows read in place, core/batch_rows.py) must draft exactly what
+    ``step`` drafts from ``RowStep``s -- at every step, with the memory on, evicting often (60
+    tokens), off, a batch budget, long prompts cut, requests leaving and joining, and (``shrink``) the
+    batch shrinking to one row and back, so that requests move to the slow path (pool, Jacobi) and
+    back with their state."""
+    for seed in range(3):
+        fast, fast_src = _replay("arrays", seed, shrink=shrink, **cfg)
+        ref, ref_src = _replay(True, seed, shrink=shrink, **cfg)
+        assert fast == ref and fast_src == ref_src
+        assert sum(len(d) for step in fast for _, d in step) > 100  # the replay did draft

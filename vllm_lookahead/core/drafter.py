@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
 from .arbiter import LayoutArbiter
+from .batch_rows import BatchRows
 from .chain import CTX0, DEPTHS, MEM0, SOURCE_MEMORY, AcceptanceTable, propose_chain
 from .config import LookaheadConfig
 from .context_index import ContextIndex
@@ -83,6 +84,11 @@ def compile_kernels() -> None:
             ctx = [1, 2, 3, 1, 2, 3, 1, 2]
             warm.step([RowStep(f"r{i}", ctx[:6], 6, [3], prompt_len=2) for i in range(2)])
             warm.step([RowStep(f"r{i}", np.asarray(ctx, dtype=np.int32), 8, [1, 2], 1, prompt_len=2) for i in range(2)])
+            # the engine's path (step_arrays), on its arrays' types: int32 token rows, int64 counts
+            tokens = np.asarray([ctx + [1, 2, 3], ctx + [1, 2, 3]], dtype=np.int32)
+            for end, new in ((9, [3]), (11, [1, 2])):
+                warm.step_arrays(["a0", "a1"], tokens, np.array([end, end]), [new, new], np.array([1, 1]),
+                                 np.array([2, 2]), lambda rid: None)
         memory = SuffixMemory(8, 2)
         memory.extend("warm-up", None, [1, 2, 1, 2])
         memory.lookup(None, [1], 2)
@@ -110,6 +116,7 @@ class LookaheadDrafter:
         self.cfg = cfg
         self.k = num_speculative_tokens
         self.states: dict[str, RequestState] = {}
+        self.batch = BatchRows(self.k)  # policy "chain" above pool_max_batch rows: step_arrays' slots
         # the engine-wide n-gram pool: the "ema" policy's fill and the 2D layout's shared candidates
         self.shared = (NGramPool(cfg.ngram, cfg.pool_size, cfg.shared_pool_keys)
                        if cfg.shared_pool_keys > 0 and (cfg.policy == "ema" or cfg.lade_shared_candidates)
@@ -148,12 +155,10 @@ class LookaheadDrafter:
     def step(self, rows: list[RowStep]) -> list[list[int]]:
         """Observe one engine step for every running request and return the next drafts, in row order."""
         live = {r.req_id for r in rows}
-        gone = self.states.keys() - live  # finished or preempted (a set operation: no per-row Python)
-        for rid in [r for r in self.states if r in gone] if gone else ():
-            self._dormant[rid] = self.states.pop(rid)
-            while len(self._dormant) > self.cfg.max_dormant_requests:
-                self._dormant.popitem(last=False)
-        mode = self._guard(rows, live) if self.cfg.policy != "cost" else "chain"
+        self._retire_states(live)
+        if self.batch.active or self.batch.dormant:  # requests the batch path held: their state comes back
+            self._export_rows(rows)
+        mode = self._guard(live, [len(r.new_tokens) for r in rows]) if self.cfg.policy != "cost" else "chain"
         if mode == "off":
             return self._off(rows)
         if self.cfg.policy in ("chain", "cost"):
@@ -165,6 +170,138 @@ class LookaheadDrafter:
             states.append(st)
         budgets, confident = self._budgets(rows, states)
         return [st.propose(b, confident_only=c) for st, b, c in zip(states, budgets, confident)]
+
+    def _retire_states(self, live: set[str]) -> None:
+        """The slow path's requests not in ``live`` (finished or preempted) become dormant states."""
+        gone = self.states.keys() - live  # (a set operation: no per-row Python)
+        for rid in [r for r in self.states if r in gone] if gone else ():
+            self._dormant[rid] = self.states.pop(rid)
+            while len(self._dormant) > self.cfg.max_dormant_requests:
+                self._dormant.popitem(last=False)
+
+    def batch_path(self, batch: int) -> bool:
+        """Whether ``step_arrays`` serves a step of ``batch`` rows: policy "chain" above ``pool_max_batch``
+        rows (without the pool and the Jacobi iterate, which need the argmax rows and Python per row)."""
+        return self.cfg.policy == "chain" and batch > self.cfg.pool_max_batch and self.compiled_rows
+
+    def step_arrays(self, req_ids: list[str], tokens: np.ndarray, num_tokens: np.ndarray,
+                    new_tokens: list[list[int]], verified: np.ndarray, prompt_lens: np.ndarray,
+                    key_of: Callable[[str], Hashable]) -> list[list[int]]:
+        """``step`` for the engine's batch as it holds it, without a ``RowStep`` per row (``batch_path``
+        steps only): row ``i`` is request ``req_ids[i]`` with committed tokens ``tokens[i, :num_tokens[i]]``
+        (the runner's token array, read in place), ``new_tokens[i]`` sampled this step (vLLM's list;
+        [] while prefilling), ``verified[i]`` draft tokens verified, a prompt of ``prompt_lens[i]``
+        tokens; ``key_of(req_id)`` gives a request's isolation key, asked once per request.  The same
+        drafts as ``step`` (tests/core/test_chain.py); why: core/batch_rows.py."""
+        if not self.batch_path(len(req_ids)):
+            raise ValueError(f"step_arrays serves policy 'chain' above pool_max_batch rows, not "
+                             f"{len(req_ids)} rows of policy {self.cfg.policy!r}")
+        b, n = self.batch, len(req_ids)
+        live = set(req_ids)
+        if self.states:
+            self._retire_states(live)
+        gone = b.active.keys() - live
+        for rid in gone:
+            b.dormant[rid] = b.active.pop(rid)
+        while len(b.dormant) > self.cfg.max_dormant_requests:
+            rid, slot = b.dormant.popitem(last=False)
+            b.parked.pop(rid, None)
+            b.release(slot)
+        new_counts = [len(t) for t in new_tokens]
+        mode = self._guard(live, new_counts)
+        active = b.active
+        slots_l = [active.get(rid, -1) for rid in req_ids]
+        if -1 in slots_l:
+            if mode == "off":  # requests not seen yet are not taken in (as `_off`)
+                slots_l = [x for x in slots_l if x >= 0]
+            else:
+                self._admit(req_ids, slots_l, prompt_lens, key_of)
+        slots = np.array(slots_l, dtype=np.int64)
+        if mode == "off":
+            self.last_budget = 0
+            b.last_len[slots] = 0
+            b.last_src[slots] = 0
+            return [[] for _ in req_ids]
+        nt = np.asarray(num_tokens[:n], dtype=np.int64)
+        nn = np.array(new_counts, dtype=np.int64)
+        ver = np.asarray(verified[:n], dtype=np.int64)
+        kern, table, memory, cfg, k = load_kernels(), self.table, self.memory, self.cfg, self.k
+        lo, hi = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        kern.observe_rows(slots, nt, nn, ver, cfg.max_prompt_index_tokens, b.start, b.seen, b.memseen, b.plen,
+                          b.last_len, b.last_cells, b.last_p, b.last_src, b.hist_a, b.hist_e, b.stats,
+                          table.evaluated, table.accepted, table.p_array, table.prior_array, table.weight, table.cap,
+                          lo, hi)
+        if memory is not None:
+            fresh = np.flatnonzero(hi > lo)
+            if len(fresh):
+                fl = fresh.tolist()
+                memory.extend_slots(tokens, fresh, b.kid[slots[fresh]], lo[fresh], hi[fresh], b.start[slots[fresh]],
+                                    [req_ids[i] for i in fl], [b.keys[slots_l[i]] for i in fl],
+                                    [new_tokens[i] for i in fl])
+        floor = self.chain_floor(n)
+        if mode == "strict":
+            floor = max(floor, cfg.chain_strict_min_p)
+        out = self._outputs
+        if out is None or len(out[0]) != n:
+            out = self._outputs = (np.zeros((n, k), dtype=np.int32), np.zeros((n, k), dtype=np.int64),
+                                   np.zeros((n, k), dtype=np.float64), np.zeros((3, n), dtype=np.int64))
+        out_tok, out_cell, out_pc, out_meta = out  # out_meta: length, source, count above the floor
+        sc = self._scratch
+        tables = memory.lookup_tables() if memory is not None else (_NO_KEYS, _NO_COUNTS, _NO_COUNTS, _NO_COUNTS, 1)
+        kern.propose_slots(tokens, slots, nt, nn, b.start, b.kid, b.hist_a, b.hist_e, table.p_array, k, cfg.min_match,
+                           cfg.max_match, *tables, floor, CTX0, MEM0, DEPTHS, sc[0], sc[1], sc[2], sc[3], sc[4], sc[5],
+                           out_tok, out_cell, out_pc, out_meta[0], out_meta[1], out_meta[2])
+        counts = out_meta[2]
+        if int(counts.sum()) > cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
+            mask = np.arange(k) < out_meta[0][:, None]
+            owner = np.broadcast_to(np.arange(n)[:, None], (n, k))[mask]
+            counts = threshold_allocate(out_pc[mask], owner, n, floor, cfg.max_batch_draft_tokens)
+        kern.keep_drafts(slots, counts, out_tok, out_cell, out_pc, out_meta[1], b.last_len, b.last_tok, b.last_cells,
+                         b.last_p, b.last_src)
+        table.refresh()
+        cl = counts.tolist()
+        self.last_budget = sum(cl)
+        return [t[:c] for t, c in zip(out_tok.tolist(), cl)]
+
+    def _admit(self, req_ids: list[str], slots: list[int], prompt_lens: np.ndarray,
+               key_of: Callable[[str], Hashable]) -> None:
+        """Slots for the rows of ``req_ids`` without one (``slots[i]`` -1): a request back from the
+        dormant slots, one the slow path held (its state imported, ``BatchRows.import_state``), or a
+        new one."""
+        b, memory = self.batch, self.memory
+        for i, rid in enumerate(req_ids):
+            if slots[i] >= 0:
+                continue
+            s = b.dormant.pop(rid, None)
+            if s is None:
+                st = self.states.pop(rid, None) or self._dormant.pop(rid, None)
+                if st is not None:
+                    s = b.import_state(st, memory.kid_for(st.isolation_key) if memory is not None else -1)
+                    b.parked[rid] = st
+                else:
+                    key = key_of(rid)
+                    s = b.new_slot(key, int(prompt_lens[i]), memory.kid_for(key) if memory is not None else -1)
+            b.active[rid] = slots[i] = s
+
+    def _export_rows(self, rows: list[RowStep]) -> None:
+        """Before a slow-path step: the rows' requests that the batch path held get their state back
+        (``BatchRows.export``), the batch path's other requests become dormant slots."""
+        b = self.batch
+        for row in rows:
+            s = b.pop(row.req_id)
+            if s is None:
+                continue
+            st = b.parked.pop(row.req_id, None) or RequestState(self.cfg, self.k, row.prompt_len, self.shared)
+            st.isolation_key = b.keys[s]
+            b.export(s, st, row.context)
+            b.release(s)
+            self.states[row.req_id] = st
+        for rid in list(b.active):
+            b.dormant[rid] = b.active.pop(rid)
+        while len(b.dormant) > self.cfg.max_dormant_requests:
+            rid, slot = b.dormant.popitem(last=False)
+            b.parked.pop(rid, None)
+            b.release(slot)
 
     def _off(self, rows: list[RowStep]) -> list[list[int]]:
         """A step without drafts, at almost no cost: the rows are not even observed.  Why: a guard that
@@ -179,7 +316,7 @@ class LookaheadDrafter:
                 st.last_draft, st.last_cells, st.last_p, st.last_source = [], [], [], SOURCE_NONE
         return [[] for _ in rows]
 
-    def _guard(self, rows: list[RowStep], live: set[str]) -> str:
+    def _guard(self, live: set[str], new_counts: list[int]) -> str:
         """Policies "chain" and "ema": "chain" (draft as configured), "strict" (policy "chain": draft at the
         ``chain_strict_min_p`` floor) or "off" for the next step.  The step just done is credited to the
         mode that made its drafts (committed tokens / time between two calls); above
@@ -190,12 +327,12 @@ class LookaheadDrafter:
         slow for reasons neither mode controls."""
         now = self.clock()
         last, self._guard_last = self._guard_last, None
-        if last is not None and live <= last[3] and all(r.new_tokens for r in rows):
-            self.guards[last[1]].observe(last[0], sum(len(r.new_tokens) for r in rows), now - last[2])
+        if last is not None and live <= last[3] and all(new_counts):
+            self.guards[last[1]].observe(last[0], sum(new_counts), now - last[2])
         cfg = self.cfg
-        if len(rows) <= cfg.guard_batch_size or not any(r.new_tokens for r in rows):
+        if len(new_counts) <= cfg.guard_batch_size or not any(new_counts):
             return "chain"
-        bucket = 1 << (len(rows) - 1).bit_length()
+        bucket = 1 << (len(new_counts) - 1).bit_length()
         arbiter = self.guards.get(bucket)
         if arbiter is None:
             strict = cfg.policy == "chain" and cfg.chain_strict_min_p > self.chain_floor(bucket)
@@ -374,18 +511,24 @@ class LookaheadDrafter:
     def forget(self, req_id: str) -> None:
         self.states.pop(req_id, None)
         self._dormant.pop(req_id, None)
+        self.batch.parked.pop(req_id, None)
+        slot = self.batch.pop(req_id)
+        if slot is not None:
+            self.batch.release(slot)
 
     def summary(self) -> dict[str, object]:
         all_states = list(self.states.values()) + list(self._dormant.values())
-        drafted = sum(s.stats.drafted for s in all_states)
-        accepted = sum(s.stats.accepted for s in all_states)
-        by_source: dict[str, list[int]] = {}
-        for s in all_states:
+        # a request the batch path holds: counts before it moved there (parked) plus its slot's
+        by_source = {name: list(v) for name, v in self.batch.by_source().items()}
+        for s in all_states + list(self.batch.parked.values()):
             for source, (d, a) in s.stats.by_source.items():
                 tot = by_source.setdefault(source, [0, 0])
                 tot[0] += d
                 tot[1] += a
-        return {"policy": self.cfg.policy, "requests": len(all_states), "drafted": drafted, "accepted": accepted,
+        drafted = sum(d for d, _ in by_source.values())
+        accepted = sum(a for _, a in by_source.values())
+        requests = len(all_states) + len(self.batch.active) + len(self.batch.dormant)
+        return {"policy": self.cfg.policy, "requests": requests, "drafted": drafted, "accepted": accepted,
                 "acceptance_rate": accepted / drafted if drafted else 0.0,
                 "by_source": {k: {"drafted": d, "accepted": a} for k, (d, a) in sorted(by_source.items())},
                 "memory_tokens": len(self.memory) if self.memory is not None else 0,

@@ -218,6 +218,63 @@ def _keep(r, length, toks, cells, p_cum, out_tok, out_cell, out_pc):
         out_tok[r, j], out_cell[r, j], out_pc[r, j] = toks[j], cells[j], p_cum[j]
 
 
+@njit(cache=True)
+def _propose_one(r, ctx, n, kid, h_a, h_e, p, k, min_match, max_match, nk, ntot, nbest, nbestc, depth, floor, ctx0,
+                 mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src,
+                 out_count):
+    """One row of ``propose_rows``: the candidate for the committed tokens ``ctx[:n]`` into output row ``r``."""
+    out_len[r] = 0
+    out_src[r] = SRC_NONE
+    out_count[r] = 0
+    if n == 0:
+        return
+    rho = min(max((h_a + 1.0) / (h_e + 1.0), 0.3), 1.6)
+    best_total = 0.0
+    best_len = 0
+    end, m = longest_suffix_match(ctx, n, min_match, max_match)
+    if end >= 0:
+        length = min(k, n - end)
+        bucket = ctx0 + min(m, 4) - 1
+        for j in range(length):
+            cand_t[j] = ctx[end + j]
+            cand_c[j] = bucket * depths + min(j, depths - 1)
+        total = _score(cand_c, length, p, rho, cand_p)
+        if total > best_total:
+            best_total, best_len = total, length
+            out_src[r] = SRC_CONTEXT
+            _keep(r, length, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc)
+    if kid >= 0:
+        got, matched, at = memory_lookup(nk, ntot, nbest, nbestc, kid, ctx, n, depth, k, 0.0, scratch, probs)
+        if got > 0:
+            for j in range(got):
+                cand_t[j] = scratch[at + j]
+                cand_c[j] = _mem_cell(matched, probs[j], j, mem0, depths)
+            total = _score(cand_c, got, p, rho, cand_p)
+            if total > best_total:
+                best_total, best_len = total, got
+                out_src[r] = SRC_MEMORY
+                _keep(r, got, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc)
+        if 0 < best_len < k:
+            # a short chain continues with what the memory says follows (context tail + draft)
+            t = min(depth, n + best_len)
+            for j in range(t):
+                q = n + best_len - t + j  # position in context + draft
+                tail[j] = ctx[q] if q < n else out_tok[r, q - n]
+            got, matched, at = memory_lookup(nk, ntot, nbest, nbestc, kid, tail, t, depth, k - best_len, 0.0,
+                                             scratch, probs)
+            acc = out_pc[r, best_len - 1]
+            for j in range(got):
+                c = _mem_cell(matched, probs[j], best_len + j, mem0, depths)
+                acc *= min(p[c] * rho, 0.98)
+                out_tok[r, best_len + j], out_cell[r, best_len + j], out_pc[r, best_len + j] = scratch[at + j], c, acc
+            best_len += got
+    out_len[r] = best_len
+    cnt = 0
+    while cnt < best_len and out_pc[r, cnt] >= floor:
+        cnt += 1
+    out_count[r] = cnt
+
+
 @compiled
 def propose_rows(flat, offs, lens, kids, hist_a, hist_e, p, k, min_match, max_match, nk, ntot, nbest, nbestc, depth,
                  floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p,
@@ -233,56 +290,107 @@ def propose_rows(flat, offs, lens, kids, hist_a, hist_e, p, k, min_match, max_ma
     ``out_src``) and the count above the floor (``out_count``).  The float arithmetic is the Python
     code's, in the same order, so the cut falls at the same token."""
     for r in range(len(offs)):
-        out_len[r] = 0
-        out_src[r] = SRC_NONE
-        out_count[r] = 0
-        n = lens[r]
-        if n == 0:
+        _propose_one(r, flat[offs[r] : offs[r] + lens[r]], lens[r], kids[r], hist_a[r], hist_e[r], p, k, min_match,
+                     max_match, nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail,
+                     cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count)
+
+
+# ---------------------------------------------------------------- the engine's batch, in slot arrays
+# ``core.batch_rows.BatchRows`` keeps the per-request state of policy "chain" above ``pool_max_batch``
+# rows in arrays indexed by a slot per request; these kernels do a whole step's per-row work on them
+# (``LookaheadDrafter.step_arrays``).  Each mirrors a Python path that the tests compare it with:
+# ``observe_rows`` = ``RequestState.observe`` + ``AcceptanceTable.record`` + the history update of
+# ``LookaheadDrafter._step_cost``; ``propose_slots`` = ``propose_rows`` on the engine's token rows.
+
+
+@compiled
+def observe_rows(slots, num_tokens, n_new, verified, max_prompt_index, s_start, s_seen, s_memseen, s_plen, s_last_len,
+                 s_last_cells, s_last_p, s_last_src, s_hist_a, s_hist_e, s_stats, ev, acc, p, prior, weight, cap,
+                 fresh_lo, fresh_hi):
+    """Absorb one engine step for every row: row ``r`` is the request in slot ``slots[r]``, with
+    ``num_tokens[r]`` committed tokens of which ``n_new[r]`` came this step (0: still prefilling) and
+    ``verified[r]`` draft tokens verified.  The last draft's outcome updates the acceptance table
+    (``ev``/``acc``/``p``), the request's history and its per-source counts (``s_stats[slot, source]`` =
+    drafted, accepted); ``fresh_lo[r]:fresh_hi[r]`` are the output tokens the output memory has
+    not counted yet (empty: none)."""
+    for r in range(len(slots)):
+        s = slots[r]
+        nt = num_tokens[r]
+        nn = n_new[r]
+        seen = s_seen[s]
+        continuous = seen > 0 and nt == seen + nn
+        last = s_last_len[s] if continuous else 0
+        s_last_len[s] = 0
+        if nt > seen:
+            if seen == 0:  # first sight: a long prompt is scanned from its last `max_prompt_index` tokens
+                s_start[s] = max(0, nt - max_prompt_index)
+            s_seen[s] = nt
+        start_m = s_memseen[s] if s_memseen[s] > s_plen[s] else s_plen[s]
+        fresh_lo[r] = max(start_m, s_start[s])
+        fresh_hi[r] = nt if nt > fresh_lo[r] else fresh_lo[r]
+        s_memseen[s] = nt
+        if nn == 0:
             continue
-        ctx = flat[offs[r] : offs[r] + n]
-        rho = min(max((hist_a[r] + 1.0) / (hist_e[r] + 1.0), 0.3), 1.6)
-        best_total = 0.0
-        best_len = 0
-        end, m = longest_suffix_match(ctx, n, min_match, max_match)
-        if end >= 0:
-            length = min(k, n - end)
-            bucket = ctx0 + min(m, 4) - 1
-            for j in range(length):
-                cand_t[j] = ctx[end + j]
-                cand_c[j] = bucket * depths + min(j, depths - 1)
-            total = _score(cand_c, length, p, rho, cand_p)
-            if total > best_total:
-                best_total, best_len = total, length
-                out_src[r] = SRC_CONTEXT
-                _keep(r, length, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc)
-        kid = kids[r]
-        if kid >= 0:
-            got, matched, at = memory_lookup(nk, ntot, nbest, nbestc, kid, ctx, n, depth, k, 0.0, scratch, probs)
-            if got > 0:
-                for j in range(got):
-                    cand_t[j] = scratch[at + j]
-                    cand_c[j] = _mem_cell(matched, probs[j], j, mem0, depths)
-                total = _score(cand_c, got, p, rho, cand_p)
-                if total > best_total:
-                    best_total, best_len = total, got
-                    out_src[r] = SRC_MEMORY
-                    _keep(r, got, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc)
-            if 0 < best_len < k:
-                # a short chain continues with what the memory says follows (context tail + draft)
-                t = min(depth, n + best_len)
-                for j in range(t):
-                    q = n + best_len - t + j  # position in context + draft
-                    tail[j] = ctx[q] if q < n else out_tok[r, q - n]
-                got, matched, at = memory_lookup(nk, ntot, nbest, nbestc, kid, tail, t, depth, k - best_len, 0.0,
-                                                 scratch, probs)
-                acc = out_pc[r, best_len - 1]
-                for j in range(got):
-                    c = _mem_cell(matched, probs[j], best_len + j, mem0, depths)
-                    acc *= min(p[c] * rho, 0.98)
-                    out_tok[r, best_len + j], out_cell[r, best_len + j], out_pc[r, best_len + j] = scratch[at + j], c, acc
-                best_len += got
-        out_len[r] = best_len
-        cnt = 0
-        while cnt < best_len and out_pc[r, cnt] >= floor:
-            cnt += 1
-        out_count[r] = cnt
+        d = min(last, verified[r])
+        if d == 0:
+            continue
+        accepted = nn - 1
+        src = s_last_src[s]
+        s_stats[s, src, 0] += d
+        s_stats[s, src, 1] += accepted
+        expected = 0.0
+        for j in range(d):
+            expected += s_last_p[s, j]
+        for j in range(min(accepted + 1, d)):
+            c = s_last_cells[s, j]
+            e = ev[c] + 1.0
+            a = acc[c] + (1.0 if j < accepted else 0.0)
+            if e > cap:
+                e, a = 0.5 * e, 0.5 * a
+            ev[c] = e
+            acc[c] = a
+            p[c] = (a + weight * prior[c]) / (e + weight)
+        s_hist_a[s] = 0.9 * s_hist_a[s] + accepted
+        s_hist_e[s] = 0.9 * s_hist_e[s] + expected
+
+
+@compiled
+def memory_add_slots(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kids, tokens, rows, bases, starts,
+                     ends, depth, sign):
+    """``memory_add_rows`` reading the engine's token rows in place: entry ``i`` counts
+    ``tokens[rows[i], starts[i]:ends[i]]`` after ``tokens[rows[i], bases[i]:starts[i]]`` under ``kids[i]``."""
+    for i in range(len(rows)):
+        memory_add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kids[i], tokens[rows[i]], bases[i],
+                   starts[i], ends[i], depth, sign)
+
+
+@compiled
+def propose_slots(tokens, slots, num_tokens, n_new, s_start, s_kid, s_hist_a, s_hist_e, p, k, min_match, max_match,
+                  nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c,
+                  cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count):
+    """``propose_rows`` for row ``r`` = the engine's token row ``tokens[r]``, the request in slot
+    ``slots[r]``: its committed tokens from its slot's start (``s_start``) to ``num_tokens[r]``; no
+    draft for a row still prefilling (``n_new[r]`` 0)."""
+    for r in range(len(slots)):
+        s = slots[r]
+        lo = s_start[s]
+        n = num_tokens[r] - lo if n_new[r] > 0 else 0
+        _propose_one(r, tokens[r, lo:], n, s_kid[s], s_hist_a[s], s_hist_e[s], p, k, min_match, max_match, nk, ntot,
+                     nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p,
+                     out_tok, out_cell, out_pc, out_len, out_src, out_count)
+
+
+@compiled
+def keep_drafts(slots, counts, out_tok, out_cell, out_pc, out_src, s_last_len, s_last_tok, s_last_cells, s_last_p,
+                s_last_src):
+    """What each slot drafted this step (``counts[r]`` leading tokens of its candidate), for the next
+    step's ``observe_rows`` (and ``BatchRows.export``)."""
+    for r in range(len(slots)):
+        s = slots[r]
+        c = counts[r]
+        s_last_len[s] = c
+        s_last_src[s] = out_src[r] if c > 0 else SRC_NONE
+        for j in range(c):
+            s_last_tok[s, j] = out_tok[r, j]
+            s_last_cells[s, j] = out_cell[r, j]
+            s_last_p[s, j] = out_pc[r, j]

@@ -175,6 +175,70 @@ class SuffixMemory:
         finally:
             self._count_rows(flat, kids, bases, starts, ends)
 
+    def kid_for(self, key: Hashable) -> int:
+        """The integer an isolation key's hashes mix in, assigned now if the key is new."""
+        kid = self._kids.get(key)
+        if kid is None:
+            kid = self._kids[key] = len(self._kids)
+        return kid
+
+    def extend_slots(self, tokens: np.ndarray, rows: np.ndarray, kids: np.ndarray, los: np.ndarray, his: np.ndarray,
+                     floors: np.ndarray, seg_ids: list[Hashable], keys: list[Hashable],
+                     news: list[list[int]]) -> None:
+        """``extend_rows`` for the engine's token rows (``core.batch_rows``): entry ``i`` appends
+        ``tokens[rows[i], los[i]:his[i]]`` (non-empty) to segment ``seg_ids[i]`` under ``keys[i]``
+        (``kids[i]`` = ``kid_for(keys[i])``), contexts reaching no further back than ``floors[i]`` (where
+        the request's tokens are read from); ``news[i]`` holds the same tokens as a list when it is
+        as long (vLLM's sampled tokens), which saves converting them.
+
+        The same counts, evictions and rebuilds as ``extend_rows`` row by row: the entries before the
+        first one after which the memory must evict, or before which its tables must grow, are counted
+        in one kernel call (found with a cumulative sum, not a Python loop); that entry goes through
+        ``extend_rows`` itself; and on from the next.  Once the memory is full an eviction comes every
+        few steps (a whole segment at a time), so most steps are one call."""
+        if self.max_tokens == 0 or not len(rows):
+            return
+        depth = self.depth
+        cum = np.cumsum(his - los)
+        n, i = len(rows), 0
+        while i < n:
+            done = int(cum[i - 1]) if i else 0
+            # entries up to `stop` need no growth (2 * (used + depth * new) <= slots) and no eviction
+            room_g = (len(self._nk) - 2 * self._used_bound) // (2 * depth)
+            room_e = self.max_tokens - self.tokens
+            stop = int(min(np.searchsorted(cum, done + room_g, side="right"),
+                           np.searchsorted(cum, done + room_e, side="right")))
+            if stop > i:
+                self._count_slots(tokens, rows, kids, los, his, floors, seg_ids, keys, news, i, stop)
+                self._used_bound += depth * (int(cum[stop - 1]) - done)
+                self.tokens += int(cum[stop - 1]) - done
+                i = stop
+            if i < n:  # entry i grows the tables first or evicts after it: the row-by-row path
+                r, f = int(rows[i]), int(floors[i])
+                self.extend_rows(tokens[r], [(seg_ids[i], keys[i], tokens[r, f : int(his[i])].tolist(), f,
+                                              int(los[i]) - f)])
+                i += 1
+
+    def _count_slots(self, tokens: np.ndarray, rows: np.ndarray, kids: np.ndarray, los: np.ndarray, his: np.ndarray,
+                     floors: np.ndarray, seg_ids: list[Hashable], keys: list[Hashable], news: list[list[int]],
+                     i: int, stop: int) -> None:
+        """Entries ``i:stop`` of ``extend_slots``: into their segments, and counted in one kernel call."""
+        depth, segs = self.depth, self._segments
+        bases = []
+        lo_l, hi_l, f_l = los[i:stop].tolist(), his[i:stop].tolist(), floors[i:stop].tolist()
+        for j, lo, hi, f in zip(range(i, stop), lo_l, hi_l, f_l):
+            entry = segs.get(seg_ids[j])
+            if entry is None:
+                entry = segs[seg_ids[j]] = [keys[j], []]
+            elif entry[0] != keys[j]:
+                raise ValueError(f"segment {seg_ids[j]!r} was started under another isolation key")
+            toks = entry[1]
+            bases.append(lo - min(len(toks), depth, lo - f))
+            new = news[j]
+            toks.extend(new if len(new) == hi - lo else tokens[rows[j], lo:hi].tolist())
+        load_kernels().memory_add_slots(*self._tables, kids[i:stop], tokens, rows[i:stop],
+                                        np.array(bases, dtype=np.int64), los[i:stop], his[i:stop], depth, 1)
+
     def _count_rows(self, flat: np.ndarray, kids: list[int], bases: list[int], starts: list[int],
                     ends: list[int]) -> None:
         """Count the rows gathered so far (``extend_rows``) and clear the lists."""

@@ -184,6 +184,10 @@ class LookaheadProposer:
         req_ids = batch.req_ids
         captured = self._captured
         self._captured = None
+        n = len(sampled_token_ids)
+        if self.config.layout != "2d" and self.drafter.batch_path(n):
+            return self._propose_arrays(runner, req_ids[:n], captured, sampled_token_ids, num_tokens_no_spec,
+                                        token_ids_cpu)
         argmax_rows: dict[str, tuple[int, np.ndarray | None]] = {}
         if captured is not None:
             cap_ids, argmax, num_draft = captured
@@ -199,7 +203,6 @@ class LookaheadProposer:
         ran_2d = {req.req_id: req for req in step2d.requests} if step2d is not None else {}
         rows = []
         known = self.drafter.states
-        n = len(sampled_token_ids)
         # one conversion per step, not a numpy scalar per row (this loop runs for every row every step)
         num_tokens = np.asarray(num_tokens_no_spec[:n]).tolist()
         prompt_lens = np.asarray(batch.num_prompt_tokens[:n]).tolist()
@@ -214,6 +217,26 @@ class LookaheadProposer:
             self._lade_drafts(runner, rows, drafts, ran_2d)
         # Never more than k per row: longer drafts crash vLLM's spec-decode metrics (IndexError).
         return [d[: self.k] for d in drafts]
+
+    def _propose_arrays(self, runner: Any, req_ids: list[str], captured: tuple[list[str], Any, list[int]] | None,
+                        sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                        token_ids_cpu: np.ndarray) -> list[list[int]]:
+        """A batch-path step (``LookaheadDrafter.step_arrays``): the runner's arrays as they are, no
+        per-row objects.  Verified draft counts come from the step's spec-decode metadata, in the
+        captured row order (the same as now unless the batch was reordered in between: then by id)."""
+        n = len(req_ids)
+        if captured is None:
+            verified: Any = np.zeros(n, dtype=np.int64)
+        elif captured[0] == req_ids:
+            verified = captured[2]
+        else:
+            by_id = dict(zip(captured[0], captured[2]))
+            verified = [by_id.get(rid, 0) for rid in req_ids]
+        self._step2d = None
+        requests = runner.requests
+        return self.drafter.step_arrays(req_ids, token_ids_cpu, num_tokens_no_spec, sampled_token_ids,
+                                        np.asarray(verified), runner.input_batch.num_prompt_tokens,
+                                        lambda rid: isolation_key(requests.get(rid)))
 
     def _lade_drafts(self, runner: Any, rows: list[RowStep], drafts: list[list[int]],
                      ran_2d: dict[str, lade2d.FlaggedRequest]) -> None:

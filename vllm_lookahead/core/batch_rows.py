@@ -1,0 +1,142 @@
+"""Policy "chain"'s per-request state above ``pool_max_batch`` rows, as arrays with one slot per request.
+
+Why: at batch 32 the drafter's own drafting was already one compiled call per step
+(``kernels.propose_rows``), but its upkeep around that call -- observing each row
+(``RequestState.observe``), crediting the last draft to the acceptance table and to the request's
+history, gathering the rows' tokens and the memory's new output, turning the outputs into lists -- was
+Python per row: ~6 us per row warm and ~20 us inside the engine (cold caches), 8% of a batch-32 step on
+an AVX-512 host.  Here the same state lives in numpy arrays indexed by a slot per request, the
+engine's token rows are read in place, and a step is a handful of compiled calls
+(``kernels.observe_rows``, ``memory_add_slots``, ``propose_slots``, ``keep_drafts``); what is left per
+row in Python is a dict look-up of the slot, appending the new output to the memory's segment and
+slicing the draft list vLLM wants.
+
+The slow path (``RequestState`` and ``propose_chain``, with LADE's pool and Jacobi iterate at batch
+sizes up to ``pool_max_batch``) stays the reference: ``LookaheadDrafter.step_arrays`` drafts exactly
+what ``LookaheadDrafter.step`` drafts for the same rows (tests/core/test_chain.py), and a request moves
+between the two exactly -- ``export`` hands a slot's state to a ``RequestState`` when the batch shrinks,
+``import_state`` takes it back when it grows.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+
+import numpy as np
+
+from .state import SOURCE_CONTEXT, SOURCE_JACOBI, SOURCE_NONE, SOURCE_POOL, RequestState
+
+SOURCE_MEMORY = "memory"  # (core.chain's name; imported from there it would be a cycle)
+# a slot's source as a number: the first three are kernels.SRC_NONE / SRC_CONTEXT / SRC_MEMORY; pool and
+# Jacobi only arrive with a request whose last draft was made on the slow path
+SOURCES = (SOURCE_NONE, SOURCE_CONTEXT, SOURCE_MEMORY, SOURCE_POOL, SOURCE_JACOBI)
+SOURCE_INDEX = {name: i for i, name in enumerate(SOURCES)}
+
+
+class BatchRows:
+    """Slots of per-request arrays (``start`` .. ``stats``) for the requests policy "chain" drafts for
+    above ``pool_max_batch`` rows; ``active`` maps the last step's request ids to their slots,
+    ``dormant`` keeps the slots of requests that left the batch (finished or preempted), most recent
+    last, up to the drafter's ``max_dormant_requests``."""
+
+    def __init__(self, k: int, capacity: int = 64) -> None:
+        self.k = k
+        self.active: dict[str, int] = {}
+        self.dormant: OrderedDict[str, int] = OrderedDict()
+        self.keys: list[Hashable] = []  # isolation key per slot
+        # the slow path's state of a request that moved here: kept for its pool and trajectories, and
+        # handed back with the slot's state if the batch shrinks again
+        self.parked: dict[str, RequestState] = {}
+        self._free: list[int] = []
+        self.capacity = 0
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        old, k = self.capacity, self.k
+
+        def arr(shape: tuple[int, ...], dtype: type, fill: float = 0) -> np.ndarray:
+            new = np.full((capacity, *shape), fill, dtype=dtype)
+            if old:
+                new[:old] = getattr(self, name)
+            return new
+
+        i64, f64 = np.int64, np.float64
+        for name, shape, dtype in (("start", (), i64), ("seen", (), i64), ("memseen", (), i64), ("plen", (), i64),
+                                   ("kid", (), i64), ("last_len", (), i64), ("last_src", (), i64),
+                                   ("last_tok", (k,), i64), ("last_cells", (k,), i64), ("last_p", (k,), f64),
+                                   ("hist_a", (), f64), ("hist_e", (), f64), ("stats", (len(SOURCES), 2), i64)):
+            setattr(self, name, arr(shape, dtype))
+        self.keys.extend([None] * (capacity - old))
+        self._free.extend(range(capacity - 1, old - 1, -1))  # lowest slot first
+        self.capacity = capacity
+
+    def new_slot(self, key: Hashable, prompt_len: int, kid: int) -> int:
+        """A fresh slot: nothing seen yet (the first step indexes from the prompt's tail)."""
+        if not self._free:
+            self._grow(2 * self.capacity)
+        s = self._free.pop()
+        self.start[s] = self.seen[s] = self.memseen[s] = self.last_len[s] = self.last_src[s] = 0
+        self.hist_a[s] = self.hist_e[s] = 0.0
+        self.stats[s] = 0
+        self.plen[s], self.kid[s], self.keys[s] = prompt_len, kid, key
+        return s
+
+    def release(self, s: int) -> None:
+        self.keys[s] = None
+        self._free.append(s)
+
+    def slot_of(self, req_id: str) -> int | None:
+        s = self.active.get(req_id)
+        return self.dormant.get(req_id) if s is None else s
+
+    def pop(self, req_id: str) -> int | None:
+        """Take ``req_id``'s slot out of ``active``/``dormant`` (not released: the caller decides)."""
+        s = self.active.pop(req_id, None)
+        return self.dormant.pop(req_id, None) if s is None else s
+
+    def import_state(self, st: RequestState, kid: int) -> int:
+        """A slot holding what ``st`` (the slow path's state of a request) knows: its committed tokens
+        (the index covers ``seen - len(index) .. seen``), output already in the memory, history and last
+        draft -- so that the next step credits that draft exactly as ``st.observe`` would have."""
+        s = self.new_slot(st.isolation_key, st.prompt_len, kid)
+        self.seen[s] = st.seen
+        self.start[s] = st.seen - len(st.index.tokens)
+        self.memseen[s] = st.memory_seen
+        self.hist_a[s], self.hist_e[s] = st.hist_accepted, st.hist_expected
+        n = len(st.last_draft)
+        if n and st.last_source in SOURCE_INDEX and len(st.last_cells) == n:
+            self.last_len[s], self.last_src[s] = n, SOURCE_INDEX[st.last_source]
+            self.last_tok[s, :n], self.last_cells[s, :n], self.last_p[s, :n] = st.last_draft, st.last_cells, st.last_p
+        return s
+
+    def export(self, s: int, st: RequestState, context: np.ndarray) -> None:
+        """Hand slot ``s``'s state to ``st`` (the slow path's state of the same request, new or parked):
+        its index catches up to the slot's committed tokens (``context``: the request's token row), the
+        history, memory position and last draft carry over, and the slot's counts join ``st.stats``."""
+        seen = int(self.seen[s])
+        if seen > st.seen:
+            start = st.seen if st.seen else int(self.start[s])
+            st.index.extend(np.asarray(context[start:seen]))
+            st.seen = seen
+        st.memory_seen = int(self.memseen[s])
+        st.hist_accepted, st.hist_expected = float(self.hist_a[s]), float(self.hist_e[s])
+        n = int(self.last_len[s])
+        st.last_draft = self.last_tok[s, :n].tolist()
+        st.last_cells, st.last_p = self.last_cells[s, :n].tolist(), self.last_p[s, :n].tolist()
+        st.last_source = SOURCES[int(self.last_src[s])]
+        st.jacobi = []
+        for i, name in enumerate(SOURCES):
+            drafted, accepted = (int(x) for x in self.stats[s, i])
+            if drafted:
+                tot = st.stats.by_source.setdefault(name, [0, 0])
+                tot[0] += drafted
+                tot[1] += accepted
+                st.stats.drafted += drafted
+                st.stats.accepted += accepted
+
+    def by_source(self) -> dict[str, list[int]]:
+        """Drafted and accepted tokens per source over the slots in use (active and dormant)."""
+        used = list(self.active.values()) + list(self.dormant.values())
+        tot = self.stats[used].sum(axis=0) if used else np.zeros((len(SOURCES), 2), dtype=np.int64)
+        return {name: [int(d), int(a)] for name, (d, a) in zip(SOURCES, tot) if d}
