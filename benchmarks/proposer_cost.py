@@ -42,27 +42,44 @@ def replay(policy: str, prompts: list[list[int]], steps: int, k: int, seed: int,
     rng = random.Random(seed)
     ctxs = [list(p) + [1] for p in prompts]
     plen = [len(p) for p in prompts]
+    ids = [f"r{i}" for i in range(len(prompts))]
+    # the engine's way where it takes it (LookaheadDrafter.batch_path): the runner's token array as it
+    # is, one row per request, read in place by step_arrays
+    arrays = drafter.batch_path(len(prompts))
+    tokens = np.zeros((len(prompts), max(plen) + 1 + steps * (k + 1)), dtype=np.int32)
+    for i, c in enumerate(ctxs):
+        tokens[i, : len(c)] = c
+
+    def step(news: list[list[int]], verified: list[int], argmaxes: list) -> list[list[int]]:
+        if arrays:
+            return drafter.step_arrays(ids, tokens, np.array([len(c) for c in ctxs]), news, np.array(verified),
+                                       np.array(plen), lambda rid: None)
+        return drafter.step([RowStep(ids[i], np.array(c), len(c), news[i], verified[i], argmaxes[i], plen[i])
+                             for i, c in enumerate(ctxs)])
+
     cpu = 0.0
     rows_done = 0
     t0 = time.process_time()
-    drafts = drafter.step([RowStep(f"r{i}", np.array(c), len(c), [1], 0, None, plen[i]) for i, c in enumerate(ctxs)])
+    drafts = step([[1]] * len(ctxs), [0] * len(ctxs), [None] * len(ctxs))
     first = time.process_time() - t0  # one-off prompt indexing
     for _ in range(steps):
-        rows = []
+        news, verified, argmaxes = [], [], []
         for i, d in enumerate(drafts):
             a = rng.randint(0, len(d))
             new = d[:a] + [rng.randrange(1000)]
-            argmax = np.array(new + [rng.randrange(1000) for _ in range(len(d) - a)])
+            argmaxes.append(np.array(new + [rng.randrange(1000) for _ in range(len(d) - a)]))
+            tokens[i, len(ctxs[i]) : len(ctxs[i]) + len(new)] = new
             ctxs[i].extend(new)
-            rows.append(RowStep(f"r{i}", np.array(ctxs[i]), len(ctxs[i]), new, len(d), argmax, plen[i]))
+            news.append(new)
+            verified.append(len(d))
         if junk is not None:
             junk *= np.float32(1.0)
         t0 = time.process_time()
-        drafts = drafter.step(rows)
+        drafts = step(news, verified, argmaxes)
         cpu += time.process_time() - t0
-        rows_done += len(rows)
-    return {"policy": policy, "us_per_row": 1e6 * cpu / rows_done, "us_per_step": 1e6 * cpu / steps,
-            "prompt_indexing_ms_total": 1000 * first, "rows": rows_done}
+        rows_done += len(news)
+    return {"policy": policy, "path": "step_arrays" if arrays else "step", "us_per_row": 1e6 * cpu / rows_done,
+            "us_per_step": 1e6 * cpu / steps, "prompt_indexing_ms_total": 1000 * first, "rows": rows_done}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -468,15 +468,16 @@ def test_compiled_rows_draft_exactly_what_propose_chain_drafts(cfg):
 
 @pytest.mark.parametrize("cfg", [{}, {"memory_tokens": 200}, {"memory_tokens": 0}, {"memory_tokens": 60},
                                  {"memory_depth": 2, "max_match": 2, "chain_min_p": 0.2},
-                                 {"max_batch_draft_tokens": 9}, {"max_prompt_index_tokens": 16}])
+                                 {"max_batch_draft_tokens": 9}, {"max_prompt_index_tokens": 16},
+                                 {"guard_batch_size": 2}])
 @pytest.mark.parametrize("shrink", [False, True])
 def test_batch_arrays_draft_exactly_what_the_row_path_drafts(cfg, shrink):
     """The engine's path above ``pool_max_batch`` rows (``step_arrays``: per-request state in slot
     arrays, the engine's token rows read in place, core/batch_rows.py) must draft exactly what
     ``step`` drafts from ``RowStep``s -- at every step, with the memory on, evicting often (60
-    tokens), off, a batch budget, long prompts cut, requests leaving and joining, and (``shrink``) the
-    batch shrinking to one row and back, so that requests move to the slow path (pool, Jacobi) and
-    back with their state."""
+    tokens), off, a batch budget, long prompts cut, the busy-batch guard choosing its modes ("off"
+    included), requests leaving and joining, and (``shrink``) the batch shrinking to one row and back,
+    so that requests move to the slow path (pool, Jacobi) and back with their state."""
     for seed in range(3):
         fast, fast_src = _replay("arrays", seed, shrink=shrink, **cfg)
         ref, ref_src = _replay(True, seed, shrink=shrink, **cfg)

@@ -52,35 +52,51 @@ class BatchRows:
         self.capacity = 0
         self._grow(capacity)
 
+    INTS = ("start", "seen", "memseen", "plen", "kid", "seglen", "last_len", "last_src")  # rows of `ints`
+
     def _grow(self, capacity: int) -> None:
+        """Room for ``capacity`` slots.  The per-slot fields are rows of a few arrays (``ints``, ``floats``,
+        ``lastk``: the kernel call takes 6 arrays, not 15) with a name per row (views)."""
         old, k = self.capacity, self.k
 
-        def arr(shape: tuple[int, ...], dtype: type, fill: float = 0) -> np.ndarray:
-            new = np.full((capacity, *shape), fill, dtype=dtype)
+        def grown(name: str, shape: tuple[int, ...], dtype: type, axis: int) -> np.ndarray:
+            new = np.zeros(shape, dtype=dtype)
             if old:
-                new[:old] = getattr(self, name)
+                index = (slice(None),) * axis + (slice(0, old),)
+                new[index] = getattr(self, name)
             return new
 
-        i64, f64 = np.int64, np.float64
-        for name, shape, dtype in (("start", (), i64), ("seen", (), i64), ("memseen", (), i64), ("plen", (), i64),
-                                   ("kid", (), i64), ("last_len", (), i64), ("last_src", (), i64),
-                                   ("last_tok", (k,), i64), ("last_cells", (k,), i64), ("last_p", (k,), f64),
-                                   ("hist_a", (), f64), ("hist_e", (), f64), ("stats", (len(SOURCES), 2), i64)):
-            setattr(self, name, arr(shape, dtype))
+        i64 = np.int64
+        self.ints = grown("ints", (len(self.INTS), capacity), i64, 1)
+        self.floats = grown("floats", (2, capacity), np.float64, 1)  # rows: hist_a, hist_e
+        self.lastk = grown("lastk", (2, capacity, k), i64, 1)  # rows: last_tok, last_cells
+        self.last_p = grown("last_p", (capacity, k), np.float64, 0)
+        self.stats = grown("stats", (capacity, len(SOURCES), 2), i64, 0)  # drafted, accepted per source
+        for i, name in enumerate(self.INTS):
+            setattr(self, name, self.ints[i])
+        self.hist_a, self.hist_e = self.floats
+        self.last_tok, self.last_cells = self.lastk
         self.keys.extend([None] * (capacity - old))
         self._free.extend(range(capacity - 1, old - 1, -1))  # lowest slot first
         self.capacity = capacity
 
-    def new_slot(self, key: Hashable, prompt_len: int, kid: int) -> int:
-        """A fresh slot: nothing seen yet (the first step indexes from the prompt's tail)."""
+    def new_slot(self, key: Hashable, prompt_len: int, kid: int, seglen: int = 0) -> int:
+        """A fresh slot: nothing seen yet (the first step indexes from the prompt's tail); ``seglen``: the
+        request's output tokens the memory holds already (its segment, ``SuffixMemory.segment_length``)."""
         if not self._free:
             self._grow(2 * self.capacity)
         s = self._free.pop()
         self.start[s] = self.seen[s] = self.memseen[s] = self.last_len[s] = self.last_src[s] = 0
         self.hist_a[s] = self.hist_e[s] = 0.0
         self.stats[s] = 0
-        self.plen[s], self.kid[s], self.keys[s] = prompt_len, kid, key
+        self.plen[s], self.kid[s], self.seglen[s], self.keys[s] = prompt_len, kid, seglen, key
         return s
+
+    def segment_gone(self, req_id: object) -> None:
+        """The memory evicted (or forgot) ``req_id``'s output: its next output starts a new segment."""
+        s = self.slot_of(req_id)  # type: ignore[arg-type]
+        if s is not None:
+            self.seglen[s] = 0
 
     def release(self, s: int) -> None:
         self.keys[s] = None
@@ -95,11 +111,11 @@ class BatchRows:
         s = self.active.pop(req_id, None)
         return self.dormant.pop(req_id, None) if s is None else s
 
-    def import_state(self, st: RequestState, kid: int) -> int:
+    def import_state(self, st: RequestState, kid: int, seglen: int) -> int:
         """A slot holding what ``st`` (the slow path's state of a request) knows: its committed tokens
         (the index covers ``seen - len(index) .. seen``), output already in the memory, history and last
         draft -- so that the next step credits that draft exactly as ``st.observe`` would have."""
-        s = self.new_slot(st.isolation_key, st.prompt_len, kid)
+        s = self.new_slot(st.isolation_key, st.prompt_len, kid, seglen)
         self.seen[s] = st.seen
         self.start[s] = st.seen - len(st.index.tokens)
         self.memseen[s] = st.memory_seen

@@ -62,20 +62,21 @@ def mem_cells(match_len: int, freqs: list[float], first: int = 0) -> list[int]:
 class AcceptanceTable:
     """P(draft token accepted | its predecessors were), per (evidence bucket, draft position).
 
-    The counts and estimates live in numpy arrays (``evaluated``, ``accepted``, ``p_array``) that the
-    compiled batch step updates in place (``kernels.observe_rows``); ``p`` is the same estimates as a
+    The counts and estimates live in numpy arrays (``evaluated``, ``accepted``, ``p_array``: rows of
+    ``arrays``) that the compiled batch step updates in place (``kernels.observe_rows``); ``p`` is the same estimates as a
     Python list, which ``propose_chain`` reads element by element (a list index is ~5x faster than a
     numpy one) -- ``refresh()`` copies them over after a compiled update."""
 
     def __init__(self, prior_weight: float = 4.0, cap: float = 4096.0) -> None:
-        self.prior_array = np.repeat(_PRIOR, DEPTHS).astype(np.float64)
+        # rows: evaluated, accepted, estimate, prior -- one array, one argument of the compiled batch step
+        self.arrays = np.zeros((4, BUCKETS * DEPTHS), dtype=np.float64)
+        self.evaluated, self.accepted, self.p_array, self.prior_array = self.arrays
+        self.prior_array[:] = np.repeat(_PRIOR, DEPTHS)
+        self.p_array[:] = self.prior_array  # the estimates for the compiled proposer
         self.prior = self.prior_array.tolist()
         self.weight = prior_weight
         self.cap = cap  # a cell's counts are halved past this, so the table follows a changing workload
-        self.evaluated = np.zeros(BUCKETS * DEPTHS, dtype=np.float64)
-        self.accepted = np.zeros(BUCKETS * DEPTHS, dtype=np.float64)
         self.p: list[float] = list(self.prior)
-        self.p_array = np.array(self.p, dtype=np.float64)  # the same estimates for the compiled proposer
 
     def record(self, cells: list[int], verified: int, accepted: int) -> None:
         """The first ``verified`` tokens of a draft with these cells were verified, ``accepted`` of

@@ -61,6 +61,9 @@ class RowStep:
 _SOURCES = (SOURCE_NONE, SOURCE_CONTEXT, SOURCE_MEMORY)  # kernels.SRC_NONE, SRC_CONTEXT, SRC_MEMORY
 _EMPTY = np.zeros(0, dtype=np.int32)
 _NO_KEYS, _NO_COUNTS = np.zeros(1, dtype=np.uint64), np.zeros(1, dtype=np.int32)  # no memory: never read
+# kernels.chain_step's memory tables when there is no memory (never read or written: room -1, kid -1)
+_NO_MEMORY = (_NO_KEYS, np.zeros((4, 1), dtype=np.int32), _NO_KEYS, np.zeros((3, 1), dtype=np.int32),
+              np.zeros(3, dtype=np.int64))
 
 _KERNELS_READY = False  # compile_kernels() ran in this process
 
@@ -117,6 +120,9 @@ class LookaheadDrafter:
         self.k = num_speculative_tokens
         self.states: dict[str, RequestState] = {}
         self.batch = BatchRows(self.k)  # policy "chain" above pool_max_batch rows: step_arrays' slots
+        # step_arrays' last batch (request ids in row order, their set, slots) while no row changed
+        self._batch_rows: tuple[list[str], set[str], list[int]] | None = None
+        self._floors: dict[tuple[int, str], float] = {}  # (rows, guard mode) -> floor (step_arrays)
         # the engine-wide n-gram pool: the "ema" policy's fill and the 2D layout's shared candidates
         self.shared = (NGramPool(cfg.ngram, cfg.pool_size, cfg.shared_pool_keys)
                        if cfg.shared_pool_keys > 0 and (cfg.policy == "ema" or cfg.lade_shared_candidates)
@@ -126,15 +132,27 @@ class LookaheadDrafter:
         self.memory = (SuffixMemory(cfg.memory_tokens, cfg.memory_depth)
                        if cfg.policy in ("chain", "cost") and cfg.memory_tokens > 0 else None)
         self.table = AcceptanceTable()
+        self._table_fresh = True  # table.p holds table.p_array (the batch path updates the array only)
+        if self.memory is not None:
+            self.memory.on_evict = self.batch.segment_gone
         # without the pool, draft with kernels.propose_rows (one call per step; False: propose_chain per
         # row -- the same drafts, the reference the tests compare it with)
         self.compiled_rows = True
         self._outputs: tuple[np.ndarray, ...] | None = None  # kernels.propose_rows' outputs, reused
-        depth = cfg.memory_depth
-        # kernels.propose_rows' scratch: memory walk (context + draft, probabilities), tail, one candidate
-        self._scratch = (np.zeros(depth + self.k + 1, dtype=np.int32), np.zeros(self.k + 1, dtype=np.float64),
-                         np.zeros(depth, dtype=np.int32), np.zeros(self.k, dtype=np.int32),
-                         np.zeros(self.k, dtype=np.int64), np.zeros(self.k, dtype=np.float64))
+        depth, k = cfg.memory_depth, self.k
+        # the kernels' scratch, by type (kernels.chain_step takes these three and slices them) ...
+        self._scratch_packed = (np.zeros(2 * depth + 2 * k + 1, dtype=np.int32), np.zeros(k, dtype=np.int64),
+                                np.zeros(2 * k + 1, dtype=np.float64))
+        i32, i64, f64 = self._scratch_packed
+        # ... and as kernels.propose_rows takes it: memory walk (context + draft, probabilities), tail, one
+        # candidate (tokens, cells, p_cum)
+        self._scratch = (i32[: depth + k + 1], f64[: k + 1], i32[depth + k + 1 : 2 * depth + k + 1],
+                         i32[2 * depth + k + 1 :], i64, f64[k + 1 :])
+        # kernels.chain_step's settings: max_prompt_index, depth, room (set per step), k, min_match, max_match,
+        # max_total, ctx0, mem0, depths; weight, cap, floor (set per step)
+        self._params = (np.array([cfg.max_prompt_index_tokens, depth, -1, k, cfg.min_match, cfg.max_match,
+                                  cfg.max_batch_draft_tokens, CTX0, MEM0, DEPTHS], dtype=np.int64),
+                        np.array([self.table.weight, self.table.cap, 0.0], dtype=np.float64))
         self.cost = StepCostModel(margin=cfg.cost_margin)
         self.clock = time.perf_counter  # replaceable in tests
         self._last_step: tuple[set[str], int, int, float] | None = None  # ids, rows, drafts, start time
@@ -156,8 +174,12 @@ class LookaheadDrafter:
         """Observe one engine step for every running request and return the next drafts, in row order."""
         live = {r.req_id for r in rows}
         self._retire_states(live)
+        self._batch_rows = None
         if self.batch.active or self.batch.dormant:  # requests the batch path held: their state comes back
             self._export_rows(rows)
+        if not self._table_fresh:
+            self.table.refresh()
+            self._table_fresh = True
         mode = self._guard(live, [len(r.new_tokens) for r in rows]) if self.cfg.policy != "cost" else "chain"
         if mode == "off":
             return self._off(rows)
@@ -197,71 +219,95 @@ class LookaheadDrafter:
             raise ValueError(f"step_arrays serves policy 'chain' above pool_max_batch rows, not "
                              f"{len(req_ids)} rows of policy {self.cfg.policy!r}")
         b, n = self.batch, len(req_ids)
-        live = set(req_ids)
-        if self.states:
-            self._retire_states(live)
-        gone = b.active.keys() - live
-        for rid in gone:
-            b.dormant[rid] = b.active.pop(rid)
-        while len(b.dormant) > self.cfg.max_dormant_requests:
-            rid, slot = b.dormant.popitem(last=False)
-            b.parked.pop(rid, None)
-            b.release(slot)
+        same = self._batch_rows
+        if same is not None and req_ids == same[0]:  # the same requests in the same rows: a steady decode
+            live, slots_l = same[1], same[2]
+        else:
+            self._batch_rows = None
+            live, slots_l = set(req_ids), None
+            if self.states:
+                self._retire_states(live)
+            for rid in b.active.keys() - live:
+                b.dormant[rid] = b.active.pop(rid)
+            while len(b.dormant) > self.cfg.max_dormant_requests:
+                rid, slot = b.dormant.popitem(last=False)
+                b.parked.pop(rid, None)
+                b.release(slot)
         new_counts = [len(t) for t in new_tokens]
         mode = self._guard(live, new_counts)
-        active = b.active
-        slots_l = [active.get(rid, -1) for rid in req_ids]
-        if -1 in slots_l:
-            if mode == "off":  # requests not seen yet are not taken in (as `_off`)
-                slots_l = [x for x in slots_l if x >= 0]
-            else:
+        if slots_l is None:
+            active = b.active
+            slots_l = [active.get(rid, -1) for rid in req_ids]
+            if -1 in slots_l and mode != "off":  # (in an "off" step requests not seen yet are not taken in)
                 self._admit(req_ids, slots_l, prompt_lens, key_of)
-        slots = np.array(slots_l, dtype=np.int64)
+            if -1 not in slots_l:
+                self._batch_rows = (list(req_ids), live, slots_l)
         if mode == "off":
             self.last_budget = 0
+            slots = np.array([x for x in slots_l if x >= 0], dtype=np.int64)
             b.last_len[slots] = 0
             b.last_src[slots] = 0
             return [[] for _ in req_ids]
-        nt = np.asarray(num_tokens[:n], dtype=np.int64)
-        nn = np.array(new_counts, dtype=np.int64)
-        ver = np.asarray(verified[:n], dtype=np.int64)
         kern, table, memory, cfg, k = load_kernels(), self.table, self.memory, self.cfg, self.k
-        lo, hi = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        kern.observe_rows(slots, nt, nn, ver, cfg.max_prompt_index_tokens, b.start, b.seen, b.memseen, b.plen,
-                          b.last_len, b.last_cells, b.last_p, b.last_src, b.hist_a, b.hist_e, b.stats,
-                          table.evaluated, table.accepted, table.p_array, table.prior_array, table.weight, table.cap,
-                          lo, hi)
-        if memory is not None:
-            fresh = np.flatnonzero(hi > lo)
-            if len(fresh):
-                fl = fresh.tolist()
-                memory.extend_slots(tokens, fresh, b.kid[slots[fresh]], lo[fresh], hi[fresh], b.start[slots[fresh]],
-                                    [req_ids[i] for i in fl], [b.keys[slots_l[i]] for i in fl],
-                                    [new_tokens[i] for i in fl])
-        floor = self.chain_floor(n)
-        if mode == "strict":
-            floor = max(floor, cfg.chain_strict_min_p)
+        rowdata = np.array((slots_l, new_counts, verified), dtype=np.int64)
+        floor = self._floors.get((n, mode))
+        if floor is None:
+            floor = self._floors[(n, mode)] = (max(self.chain_floor(n), cfg.chain_strict_min_p) if mode == "strict"
+                                               else self.chain_floor(n))
         out = self._outputs
         if out is None or len(out[0]) != n:
             out = self._outputs = (np.zeros((n, k), dtype=np.int32), np.zeros((n, k), dtype=np.int64),
-                                   np.zeros((n, k), dtype=np.float64), np.zeros((3, n), dtype=np.int64))
-        out_tok, out_cell, out_pc, out_meta = out  # out_meta: length, source, count above the floor
-        sc = self._scratch
-        tables = memory.lookup_tables() if memory is not None else (_NO_KEYS, _NO_COUNTS, _NO_COUNTS, _NO_COUNTS, 1)
-        kern.propose_slots(tokens, slots, nt, nn, b.start, b.kid, b.hist_a, b.hist_e, table.p_array, k, cfg.min_match,
-                           cfg.max_match, *tables, floor, CTX0, MEM0, DEPTHS, sc[0], sc[1], sc[2], sc[3], sc[4], sc[5],
-                           out_tok, out_cell, out_pc, out_meta[0], out_meta[1], out_meta[2])
-        counts = out_meta[2]
-        if int(counts.sum()) > cfg.max_batch_draft_tokens:  # over the batch's budget: the most probable
+                                   np.zeros((n, k), dtype=np.float64), np.zeros((5, n), dtype=np.int64))
+        out_tok, out_cell, out_pc, out_meta = out  # out_meta: length, source, count, fresh output from, to
+        params, fparams = self._params
+        params[2] = memory.room() if memory is not None else -1
+        fparams[2] = floor
+        fresh, kept = kern.chain_step(tokens, num_tokens, rowdata, b.ints, b.floats, b.lastk, b.last_p, b.stats,
+                                      table.arrays, *(memory.packed_tables() if memory is not None else _NO_MEMORY),
+                                      params, fparams, *self._scratch_packed, out_tok, out_cell, out_pc, out_meta)
+        meta = out_meta.tolist()
+        if memory is not None and fresh > 0:  # counted in chain_step: into the segments only
+            memory.append_outputs(tokens, req_ids, b.keys, slots_l, new_tokens, meta[3], meta[4])
+            memory.counted(fresh)
+        elif memory is not None and fresh < 0:  # an eviction or a rebuild on the way: row by row, then draft
+            self._memory_rows(tokens, num_tokens, rowdata, req_ids, slots_l, new_tokens, meta, floor)
+            meta = out_meta.tolist()
+            kept = sum(meta[2]) <= cfg.max_batch_draft_tokens
+            if kept:
+                kern.keep_drafts(rowdata[0], out_meta[2], out_tok, out_cell, out_pc, out_meta[1], b.last_len,
+                                 b.last_tok, b.last_cells, b.last_p, b.last_src)
+        counts = meta[2]
+        if not kept:  # over the batch's budget: the most probable
             mask = np.arange(k) < out_meta[0][:, None]
             owner = np.broadcast_to(np.arange(n)[:, None], (n, k))[mask]
-            counts = threshold_allocate(out_pc[mask], owner, n, floor, cfg.max_batch_draft_tokens)
-        kern.keep_drafts(slots, counts, out_tok, out_cell, out_pc, out_meta[1], b.last_len, b.last_tok, b.last_cells,
-                         b.last_p, b.last_src)
-        table.refresh()
-        cl = counts.tolist()
-        self.last_budget = sum(cl)
-        return [t[:c] for t, c in zip(out_tok.tolist(), cl)]
+            alloc = threshold_allocate(out_pc[mask], owner, n, floor, cfg.max_batch_draft_tokens)
+            kern.keep_drafts(rowdata[0], alloc, out_tok, out_cell, out_pc, out_meta[1], b.last_len, b.last_tok,
+                             b.last_cells, b.last_p, b.last_src)
+            counts = alloc.tolist()
+        self._table_fresh = False
+        self.last_budget = sum(counts)
+        return [t[:c] for t, c in zip(out_tok.tolist(), counts)]
+
+    def _memory_rows(self, tokens: np.ndarray, num_tokens: np.ndarray, rowdata: np.ndarray, req_ids: list[str],
+                     slots_l: list[int], new_tokens: list[list[int]], meta: list[list[int]], floor: float) -> None:
+        """``step_arrays`` when the step's new output makes the memory evict or grow: counted with
+        ``SuffixMemory.extend_slots`` (the row-by-row semantics), then every row drafted
+        (``kernels.propose_slots``) -- ``chain_step`` stopped after observing."""
+        b, memory, cfg, k = self.batch, self.memory, self.cfg, self.k
+        assert memory is not None
+        rl = [r for r, (lo, hi) in enumerate(zip(meta[3], meta[4])) if hi > lo]
+        rows, slots = np.array(rl, dtype=np.int64), rowdata[0]
+        memory.extend_slots(tokens, rows, b.kid[slots[rows]], np.array([meta[3][r] for r in rl], dtype=np.int64),
+                            np.array([meta[4][r] for r in rl], dtype=np.int64), b.start[slots[rows]],
+                            [req_ids[r] for r in rl], [b.keys[slots_l[r]] for r in rl], [new_tokens[r] for r in rl])
+        for r in rl:
+            b.seglen[slots_l[r]] = memory.segment_length(req_ids[r])
+        out_tok, out_cell, out_pc, out_meta = self._outputs  # type: ignore[misc]
+        sc = self._scratch
+        load_kernels().propose_slots(tokens, slots, num_tokens, rowdata[1], b.start, b.kid, b.hist_a, b.hist_e,
+                                     self.table.p_array, k, cfg.min_match, cfg.max_match, *memory.lookup_tables(),
+                                     floor, CTX0, MEM0, DEPTHS, sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], out_tok,
+                                     out_cell, out_pc, out_meta[0], out_meta[1], out_meta[2])
 
     def _admit(self, req_ids: list[str], slots: list[int], prompt_lens: np.ndarray,
                key_of: Callable[[str], Hashable]) -> None:
@@ -276,11 +322,13 @@ class LookaheadDrafter:
             if s is None:
                 st = self.states.pop(rid, None) or self._dormant.pop(rid, None)
                 if st is not None:
-                    s = b.import_state(st, memory.kid_for(st.isolation_key) if memory is not None else -1)
+                    s = b.import_state(st, memory.kid_for(st.isolation_key) if memory is not None else -1,
+                                       memory.segment_length(rid) if memory is not None else 0)
                     b.parked[rid] = st
                 else:
                     key = key_of(rid)
-                    s = b.new_slot(key, int(prompt_lens[i]), memory.kid_for(key) if memory is not None else -1)
+                    s = b.new_slot(key, int(prompt_lens[i]), memory.kid_for(key) if memory is not None else -1,
+                                   memory.segment_length(rid) if memory is not None else 0)
             b.active[rid] = slots[i] = s
 
     def _export_rows(self, rows: list[RowStep]) -> None:
@@ -325,6 +373,8 @@ class LookaheadDrafter:
         2 steps in 64, in turn.  Only pure decode steps are credited -- the rows now all ran in the step measured
         and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
         slow for reasons neither mode controls."""
+        if self._guard_last is None and len(new_counts) <= self.cfg.guard_batch_size:
+            return "chain"  # (no step to credit, none to time: not even the clock is read)
         now = self.clock()
         last, self._guard_last = self._guard_last, None
         if last is not None and live <= last[3] and all(new_counts):
@@ -472,15 +522,15 @@ class LookaheadDrafter:
         out = self._outputs
         if out is None or len(out[0]) != n:
             out = self._outputs = (np.zeros((n, k), dtype=np.int32), np.zeros((n, k), dtype=np.int64),
-                                   np.zeros((n, k), dtype=np.float64), np.zeros((3, n), dtype=np.int64))
-        out_tok, out_cell, out_pc, out_meta = out  # out_meta: length, source, count above the floor
+                                   np.zeros((n, k), dtype=np.float64), np.zeros((5, n), dtype=np.int64))
+        out_tok, out_cell, out_pc, out_meta = out  # out_meta: length, source, count above the floor (+ 2 rows: chain_step)
         s = self._scratch
         tables = memory.lookup_tables() if memory is not None else (_NO_KEYS, _NO_COUNTS, _NO_COUNTS, _NO_COUNTS, 1)
         load_kernels().propose_rows(
             flat, bounds[0], bounds[1], kids, hist[0], hist[1], self.table.p_array, k, self.cfg.min_match,
             self.cfg.max_match, *tables, floor, CTX0, MEM0, DEPTHS, s[0], s[1], s[2], s[3], s[4], s[5], out_tok,
             out_cell, out_pc, out_meta[0], out_meta[1], out_meta[2])
-        tl, cl, pl, (ln, src, counts) = out_tok.tolist(), out_cell.tolist(), out_pc.tolist(), out_meta.tolist()
+        tl, cl, pl, (ln, src, counts) = out_tok.tolist(), out_cell.tolist(), out_pc.tolist(), out_meta[:3].tolist()
         cands = []
         for i, st in enumerate(states):
             m = ln[i]
@@ -509,6 +559,7 @@ class LookaheadDrafter:
         return lo + (hi - lo) * max(0, batch - 1) / max(1, top - 1)
 
     def forget(self, req_id: str) -> None:
+        self._batch_rows = None
         self.states.pop(req_id, None)
         self._dormant.pop(req_id, None)
         self.batch.parked.pop(req_id, None)

@@ -394,3 +394,75 @@ def keep_drafts(slots, counts, out_tok, out_cell, out_pc, out_src, s_last_len, s
             s_last_tok[s, j] = out_tok[r, j]
             s_last_cells[s, j] = out_cell[r, j]
             s_last_p[s, j] = out_pc[r, j]
+
+
+@compiled
+def chain_step(tokens, num_tokens, rowdata, ints, floats, lastk, last_p, stats, table, nk, nodes, ck, children, meta,
+               params, fparams, scr_i32, scr_i64, scr_f64, out_tok, out_cell, out_pc, out_meta):
+    """A whole batch-path step in one call, when nothing in it needs Python: ``observe_rows``; the new
+    output counted into the memory if it fits the room it has (new tokens it takes without evicting or
+    growing its tables; -1: no memory) -- each row's contexts reaching back ``seglen`` tokens into its
+    segment, as ``SuffixMemory.extend_rows`` does; ``propose_slots``; and ``keep_drafts`` if the drafts
+    fit the batch's budget.
+
+    Why one call, and so few arguments: right after a forward pass the caches are cold, and there every
+    numpy operation and every kernel call costs 10-40 us (a call's argument checks grow with its
+    arguments: 60 arrays ~36 us cold, ~3 us warm) -- at batch 1 that fixed cost *is* the proposer.
+    So the state comes packed: ``rowdata`` (slots, new token counts, verified drafts per row), the
+    slots' fields (``core.batch_rows.BatchRows``: ``ints``, ``floats``, ``lastk``, ``last_p``, ``stats``),
+    the acceptance table's four rows, the memory's tables (``SuffixMemory.packed_tables``), ``params``
+    (max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths), ``fparams``
+    (weight, cap, floor), scratch by type; outputs ``out_tok``/``out_cell``/``out_pc`` and ``out_meta``
+    (rows: length, source, count above the floor, fresh output from, to).
+
+    Returns (new output tokens counted, or -1 when they do not fit: then nothing after ``observe_rows``
+    ran, and the caller goes on with ``SuffixMemory.extend_slots``, ``propose_slots`` and
+    ``keep_drafts``; whether ``keep_drafts`` ran -- not when the drafts exceed the budget)."""
+    slots, n_new, verified = rowdata[0], rowdata[1], rowdata[2]
+    s_start, s_seen, s_memseen, s_plen, s_kid, s_seglen, s_last_len, s_last_src = (
+        ints[0], ints[1], ints[2], ints[3], ints[4], ints[5], ints[6], ints[7])
+    s_hist_a, s_hist_e = floats[0], floats[1]
+    s_last_tok, s_last_cells = lastk[0], lastk[1]
+    ev, acc, p, prior = table[0], table[1], table[2], table[3]
+    ntot, nbest, nbestc, nfirst = nodes[0], nodes[1], nodes[2], nodes[3]
+    cc, ctok, cnext = children[0], children[1], children[2]
+    max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths = (
+        params[0], params[1], params[2], params[3], params[4], params[5], params[6], params[7], params[8], params[9])
+    weight, cap, floor = fparams[0], fparams[1], fparams[2]
+    out_len, out_src, out_count, fresh_lo, fresh_hi = out_meta[0], out_meta[1], out_meta[2], out_meta[3], out_meta[4]
+    scratch = scr_i32[: depth + k + 1]
+    tail = scr_i32[depth + k + 1 : 2 * depth + k + 1]
+    cand_t = scr_i32[2 * depth + k + 1 : 2 * depth + 2 * k + 1]
+    probs, cand_p = scr_f64[: k + 1], scr_f64[k + 1 : 2 * k + 1]
+    cand_c = scr_i64[:k]
+    observe_rows(slots, num_tokens, n_new, verified, max_prompt_index, s_start, s_seen, s_memseen, s_plen, s_last_len,
+                 s_last_cells, last_p, s_last_src, s_hist_a, s_hist_e, stats, ev, acc, p, prior, weight,
+                 cap, fresh_lo, fresh_hi)
+    fresh = 0
+    if room >= 0:
+        for r in range(len(slots)):
+            fresh += fresh_hi[r] - fresh_lo[r]
+        if fresh > room:
+            return -1, False
+        for r in range(len(slots)):
+            lo, hi = fresh_lo[r], fresh_hi[r]
+            if hi > lo:
+                s = slots[r]
+                base = lo - min(s_seglen[s], depth, lo - s_start[s])
+                memory_add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, s_kid[s], tokens[r], base, lo,
+                           hi, depth, 1)
+                s_seglen[s] += hi - lo
+    total = 0
+    for r in range(len(slots)):
+        s = slots[r]
+        lo = s_start[s]
+        n = num_tokens[r] - lo if n_new[r] > 0 else 0
+        _propose_one(r, tokens[r, lo:], n, s_kid[s], s_hist_a[s], s_hist_e[s], p, k, min_match, max_match, nk, ntot,
+                     nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p,
+                     out_tok, out_cell, out_pc, out_len, out_src, out_count)
+        total += out_count[r]
+    if total > max_total:
+        return fresh, False
+    keep_drafts(slots, out_count, out_tok, out_cell, out_pc, out_src, s_last_len, s_last_tok, s_last_cells, last_p,
+                s_last_src)
+    return fresh, True

@@ -36,7 +36,7 @@ unseen); when the tables fill they are rebuilt from the surviving segments, whic
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -60,6 +60,9 @@ class SuffixMemory:
         # segment id -> [isolation key, tokens]
         self._segments: OrderedDict[Hashable, list] = OrderedDict()
         self.tokens = 0
+        # called with a segment's id when it is evicted or forgotten (the drafter's batch path keeps
+        # each running request's segment length: core/batch_rows.py)
+        self.on_evict: Callable[[Hashable], None] | None = None
         self._probs = np.empty(16, dtype=np.float64)  # lookup scratch: probabilities, context + draft
         self._scratch = np.empty(depth + 16, dtype=np.int32)
         # sized for about a quarter of a full memory's contexts (<= 64k slots, ~2.9 MB): a growing
@@ -72,14 +75,19 @@ class SuffixMemory:
     def _alloc(self, slots: int) -> None:
         i32 = np.int32  # counts stay below max_tokens (<= 1e8), slots and token ids below 2**31
         self._nk = np.zeros(slots, dtype=np.uint64)  # node keys (0 = empty slot)
-        self._ntot = np.zeros(slots, dtype=i32)  # times the context was followed by a token
-        self._nbest = np.zeros(slots, dtype=i32)  # its most frequent next token ...
-        self._nbestc = np.zeros(slots, dtype=i32)  # ... and that token's count
-        self._nfirst = np.full(slots, -1, dtype=i32)  # its newest child's slot (-1: none)
+        # node fields as the rows of one array (the batch step passes it as one argument: core/batch_rows.py)
+        self._nodes = np.zeros((4, slots), dtype=i32)
+        self._ntot = self._nodes[0]  # times the context was followed by a token
+        self._nbest = self._nodes[1]  # its most frequent next token ...
+        self._nbestc = self._nodes[2]  # ... and that token's count
+        self._nfirst = self._nodes[3]  # its newest child's slot (-1: none)
+        self._nfirst[:] = -1
         self._ck = np.zeros(slots, dtype=np.uint64)  # child keys: hash of (node key, next token)
-        self._cc = np.zeros(slots, dtype=i32)  # child counts
-        self._ctok = np.zeros(slots, dtype=i32)  # child tokens
-        self._cnext = np.full(slots, -1, dtype=i32)  # the next (older) child of the same node
+        self._children = np.zeros((3, slots), dtype=i32)
+        self._cc = self._children[0]  # child counts
+        self._ctok = self._children[1]  # child tokens
+        self._cnext = self._children[2]  # the next (older) child of the same node
+        self._cnext[:] = -1
         self._meta = np.zeros(3, dtype=np.int64)  # live nodes, used node slots, used child slots
         # the arguments every count passes to the kernel, bound once (17 attribute reads per call otherwise)
         self._tables = (self._nk, self._ntot, self._nbest, self._nbestc, self._nfirst, self._ck, self._cc,
@@ -103,6 +111,11 @@ class SuffixMemory:
         """What a compiled look-up reads (``kernels.memory_lookup``): node keys, totals, most frequent next
         token and its count, and the depth.  Valid until the next extend (a rebuild replaces them)."""
         return self._nk, self._ntot, self._nbest, self._nbestc, self.depth
+
+    def packed_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The tables as ``kernels.chain_step`` takes them: node keys, node fields (4 rows), child keys,
+        child fields (3 rows), meta; valid until the next rebuild."""
+        return self._nk, self._nodes, self._ck, self._children, self._meta
 
     def _count(self, kid: int, arr: np.ndarray, base: int, start: int, end: int, sign: int) -> None:
         load_kernels().memory_add(*self._tables, kid, arr, base, start, end, self.depth, sign)
@@ -223,21 +236,64 @@ class SuffixMemory:
                      floors: np.ndarray, seg_ids: list[Hashable], keys: list[Hashable], news: list[list[int]],
                      i: int, stop: int) -> None:
         """Entries ``i:stop`` of ``extend_slots``: into their segments, and counted in one kernel call."""
+        bases = self.append_segments(tokens, rows[i:stop], los[i:stop], his[i:stop], floors[i:stop],
+                                     seg_ids[i:stop], keys[i:stop], news[i:stop])
+        load_kernels().memory_add_slots(*self._tables, kids[i:stop], tokens, rows[i:stop],
+                                        np.array(bases, dtype=np.int64), los[i:stop], his[i:stop], self.depth, 1)
+
+    def append_segments(self, tokens: np.ndarray, rows: np.ndarray, los: np.ndarray, his: np.ndarray,
+                        floors: np.ndarray, seg_ids: list[Hashable], keys: list[Hashable],
+                        news: list[list[int]]) -> list[int]:
+        """Append ``tokens[rows[i], los[i]:his[i]]`` to segment ``seg_ids[i]`` (``news[i]`` if it is as
+        long), without counting them (``kernels.chain_step`` did, or the caller will); returns where each
+        entry's contexts begin (``base``: at most ``depth`` of the segment's earlier tokens, not before
+        ``floors[i]``).  ``tokens``/``rows`` count only in ``tokens_total``; see ``extend_slots``."""
         depth, segs = self.depth, self._segments
         bases = []
-        lo_l, hi_l, f_l = los[i:stop].tolist(), his[i:stop].tolist(), floors[i:stop].tolist()
-        for j, lo, hi, f in zip(range(i, stop), lo_l, hi_l, f_l):
-            entry = segs.get(seg_ids[j])
+        for sid, key, new, r, lo, hi, f in zip(seg_ids, keys, news, rows.tolist(), los.tolist(), his.tolist(),
+                                               floors.tolist()):
+            entry = segs.get(sid)
             if entry is None:
-                entry = segs[seg_ids[j]] = [keys[j], []]
-            elif entry[0] != keys[j]:
-                raise ValueError(f"segment {seg_ids[j]!r} was started under another isolation key")
+                entry = segs[sid] = [key, []]
+            elif entry[0] != key:
+                raise ValueError(f"segment {sid!r} was started under another isolation key")
             toks = entry[1]
             bases.append(lo - min(len(toks), depth, lo - f))
-            new = news[j]
-            toks.extend(new if len(new) == hi - lo else tokens[rows[j], lo:hi].tolist())
-        load_kernels().memory_add_slots(*self._tables, kids[i:stop], tokens, rows[i:stop],
-                                        np.array(bases, dtype=np.int64), los[i:stop], his[i:stop], depth, 1)
+            toks.extend(new if len(new) == hi - lo else tokens[r, lo:hi].tolist())
+        return bases
+
+    def append_outputs(self, tokens: np.ndarray, seg_ids: list[Hashable], keys_by_slot: list[Hashable],
+                       slots: list[int], news: list[list[int]], los: list[int], his: list[int]) -> None:
+        """``append_segments`` for a whole batch, already counted (``kernels.chain_step``): row ``r`` appends
+        ``tokens[r, los[r]:his[r]]`` (nothing if empty; ``news[r]`` if it is as long) to segment
+        ``seg_ids[r]`` under ``keys_by_slot[slots[r]]``.  Plain lists in, no numpy per row."""
+        segs = self._segments
+        for r, (lo, hi) in enumerate(zip(los, his)):
+            if hi <= lo:
+                continue
+            sid, key = seg_ids[r], keys_by_slot[slots[r]]
+            entry = segs.get(sid)
+            if entry is None:
+                entry = segs[sid] = [key, []]
+            elif entry[0] != key:
+                raise ValueError(f"segment {sid!r} was started under another isolation key")
+            new = news[r]
+            entry[1].extend(new if len(new) == hi - lo else tokens[r, lo:hi].tolist())
+
+    def counted(self, new_tokens: int) -> None:
+        """``new_tokens`` output tokens were counted by ``kernels.chain_step`` (within the room it was given:
+        ``room()``) and appended with ``append_segments``."""
+        self.tokens += new_tokens
+        self._used_bound += self.depth * new_tokens
+
+    def room(self) -> int:
+        """How many more output tokens fit without an eviction or a table rebuild (``extend_slots``)."""
+        return min(self.max_tokens - self.tokens, (len(self._nk) - 2 * self._used_bound) // (2 * self.depth))
+
+    def segment_length(self, seg_id: Hashable) -> int:
+        """Output tokens stored in segment ``seg_id`` (0: none)."""
+        entry = self._segments.get(seg_id)
+        return len(entry[1]) if entry is not None else 0
 
     def _count_rows(self, flat: np.ndarray, kids: list[int], bases: list[int], starts: list[int],
                     ends: list[int]) -> None:
@@ -259,7 +315,9 @@ class SuffixMemory:
         return entry[1]
 
     def _evict_oldest(self) -> None:
-        _, (key, toks) = self._segments.popitem(last=False)
+        seg_id, (key, toks) = self._segments.popitem(last=False)
+        if self.on_evict is not None:
+            self.on_evict(seg_id)
         self._count(self._kids[key], np.asarray(toks, dtype=np.int32), 0, 0, len(toks), -1)
         self.tokens -= len(toks)
 
