@@ -6,10 +6,13 @@ Why: at batch 32 the drafter's own drafting was already one compiled call per st
 history, gathering the rows' tokens and the memory's new output, turning the outputs into lists -- was
 Python per row: ~6 us per row warm and ~20 us inside the engine (cold caches), 8% of a batch-32 step on
 an AVX-512 host.  Here the same state lives in numpy arrays indexed by a slot per request, the
-engine's token rows are read in place, and a step is a handful of compiled calls
-(``kernels.observe_rows``, ``memory_add_slots``, ``propose_slots``, ``keep_drafts``); what is left per
-row in Python is a dict look-up of the slot, appending the new output to the memory's segment and
-slicing the draft list vLLM wants.
+engine's token rows are read in place, and a step is one compiled call (``kernels.chain_step``:
+observe, count the new output into the memory, draft, keep the drafts) taking a few packed arrays --
+right after a forward pass every call and numpy operation costs tens of microseconds on cold caches,
+so their number, not the arithmetic, is the proposer's cost.  What is left per row in Python is
+appending the new output to the memory's segment (the memory evicts whole segments: it keeps their
+tokens) and slicing the draft list vLLM wants; a step whose output makes the memory evict or grow
+goes on with ``SuffixMemory.extend_slots`` (the row-by-row semantics) and ``kernels.propose_slots``.
 
 The slow path (``RequestState`` and ``propose_chain``, with LADE's pool and Jacobi iterate at batch
 sizes up to ``pool_max_batch``) stays the reference: ``LookaheadDrafter.step_arrays`` drafts exactly

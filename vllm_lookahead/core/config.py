@@ -95,8 +95,8 @@ class LookaheadConfig:
     """W: Jacobi guesses carried from one verification to the next (0 = as many as k allows)."""
     # --- chain drafter policy (issue 14) ---
     policy: str = "chain"
-    """"chain" (the default, issue 14): every source (context match, engine-wide output memory, LADE pool
-    and Jacobi iterate at batch <= `pool_max_batch`) offers a candidate with a learned per-token
+    """"chain" (the default, issue 14): every source (context match, engine-wide output memory; LADE pool
+    and Jacobi iterate at batch <= `pool_max_batch`, 0 by default) offers a candidate with a learned per-token
     acceptance estimate (core/chain.py); the best one is drafted while its estimated commit probability
     stays >= a floor that can rise with the batch (`chain_min_p` at one request to `chain_busy_min_p` at
     `batch_size_threshold`, 0.05 by default, the busy one higher for k > 4; above it a measured guard also switches drafting off
@@ -117,12 +117,16 @@ class LookaheadConfig:
     memory_depth: int = 4
     """Longest context (tokens) the output memory matches on (4: as much compression as 6 or 8 on 16
     open prompts, at half the upkeep of 8)."""
-    pool_max_batch: int = 1
+    pool_max_batch: int = 0
     """Policies "chain" and "cost": LADE's pool and the Jacobi iterate are sources (and kept up to date)
-    only while at most this many requests run -- their drafts are accepted least often (on 32 open
-    prompts at batch 1 they made 63 of ~3,800 draft tokens, bench_repeats_open_32_chain.json; the
-    output memory and the context match the rest),
-    so they pay only where draft rows are cheapest, and their upkeep is the proposer's largest cost."""
+    only while at most this many requests run (0 = never) -- their drafts are accepted least often (on
+    32 open prompts at batch 1 they made 63 of ~3,800 draft tokens, bench_repeats_open_32_chain.json; at
+    k=8 237 of 9,675 with 55 accepted), and their upkeep, with the target argmax it needs, is the
+    proposer's largest cost.  0 since session 16: with them off, batch 1 also takes the compiled batch
+    path (core/batch_rows.py) and the proposer's share of a step fell from 4.9% to 2.0% (open and copy
+    prompts, k=8) while compression stayed (3.383 vs 3.323 open, 3.084 vs 3.092 copy) and tokens/s did
+    not fall (1.037x vs 1.033x suffix's open, 1.001x vs 0.978x copy; benchmarks/results/README.md,
+    "pool_max_batch"). 1 brings LADE's sources back for a lone request."""
     cost_margin: float = 0.02
     """Drafts are made only when the step-time model predicts at least this much more tokens/s than
     no drafts (a guard against estimation error)."""

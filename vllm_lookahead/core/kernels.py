@@ -298,9 +298,11 @@ def propose_rows(flat, offs, lens, kids, hist_a, hist_e, p, k, min_match, max_ma
 # ---------------------------------------------------------------- the engine's batch, in slot arrays
 # ``core.batch_rows.BatchRows`` keeps the per-request state of policy "chain" above ``pool_max_batch``
 # rows in arrays indexed by a slot per request; these kernels do a whole step's per-row work on them
-# (``LookaheadDrafter.step_arrays``).  Each mirrors a Python path that the tests compare it with:
+# (``LookaheadDrafter.step_arrays``; ``chain_step`` all of it in one call, the others where a step
+# needs Python in between).  Each mirrors a Python path that the tests compare it with:
 # ``observe_rows`` = ``RequestState.observe`` + ``AcceptanceTable.record`` + the history update of
-# ``LookaheadDrafter._step_cost``; ``propose_slots`` = ``propose_rows`` on the engine's token rows.
+# ``LookaheadDrafter._step_cost``; ``propose_slots`` = ``propose_rows`` on the engine's token rows;
+# the memory counts = ``SuffixMemory.extend_rows``.
 
 
 @compiled
