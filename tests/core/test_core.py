@@ -156,7 +156,8 @@ def test_jacobi_trajectory_ngrams_are_model_consistent():
         seq = list(ctx) + list(draft)
         return [f[t] for t in seq[len(ctx) - 1:]]
 
-    cfg = LookaheadConfig(seed_from_prompt=False, ngram=4, min_acceptance=0.0)
+    # (the pool is kept for a lone request only when asked: pool_max_batch is 0 by default)
+    cfg = LookaheadConfig(seed_from_prompt=False, ngram=4, min_acceptance=0.0, pool_max_batch=1)
     drafter = LookaheadDrafter(cfg, 5)
     prompt = [rng.randrange(40) for _ in range(30)]
     res = simulate(verify, prompt, 120, 5, drafter=drafter)
