@@ -144,8 +144,9 @@ def test_t_only_fault_server_fails_sampled_alone(gates: dict[str, Any]) -> None:
     # only ~12 prompts, and its CI held 0 in one CI run (effect +0.19 nats/token, p 0.077) while PIT and
     # excess saw the fault; the excess test is the locally most powerful one against this fault class.
     # The faulty proposers install the CPU expand-kernel fix, so only the injected fault acts here.
+    # (p adjusted for the gate's multiple tests, as the PIT line above: the gate's own decision)
     exc = conf["excess_candidate"]
-    assert exc["nats_per_token"] > 0 and exc["p_value"] < 0.01, (exc, conf["shift"])
+    assert exc["nats_per_token"] > 0 and res["sampled"]["p_adjusted"]["excess_candidate_z"] < 0.01, (exc, conf["shift"])
     assert abs(conf["mean_pit"]["candidate"] - 0.5) > abs(conf["mean_pit"]["baseline"] - 0.5)
 
 

@@ -82,16 +82,17 @@ def compile_kernels() -> None:
         index = ContextIndex(1, 4)
         index.extend([1, 2, 1])
         index.lookup(2)
-        for memory_tokens in (64, 0):  # with the memory, and without it
+        # with the memory, with one so small that it evicts (step_arrays' row-by-row path), without it
+        for memory_tokens in (64, 8, 0):
             warm = LookaheadDrafter(LookaheadConfig(memory_tokens=memory_tokens, pool_max_batch=0), 2)
             ctx = [1, 2, 3, 1, 2, 3, 1, 2]
             warm.step([RowStep(f"r{i}", ctx[:6], 6, [3], prompt_len=2) for i in range(2)])
             warm.step([RowStep(f"r{i}", np.asarray(ctx, dtype=np.int32), 8, [1, 2], 1, prompt_len=2) for i in range(2)])
-            # the engine's path (step_arrays), on its arrays' types: int32 token rows, int64 counts
+            # the engine's path (step_arrays) on the runner's types: int32 token rows and counts
             tokens = np.asarray([ctx + [1, 2, 3], ctx + [1, 2, 3]], dtype=np.int32)
             for end, new in ((9, [3]), (11, [1, 2])):
-                warm.step_arrays(["a0", "a1"], tokens, np.array([end, end]), [new, new], np.array([1, 1]),
-                                 np.array([2, 2]), lambda rid: None)
+                warm.step_arrays(["a0", "a1"], tokens, np.array([end, end], dtype=np.int32), [new, new], [1, 1],
+                                 np.array([2, 2], dtype=np.int32), lambda rid: None)
         memory = SuffixMemory(8, 2)
         memory.extend("warm-up", None, [1, 2, 1, 2])
         memory.lookup(None, [1], 2)
