@@ -339,14 +339,14 @@ def test_chain_floor_rises_with_the_batch():
 
 def test_the_busy_floor_left_unset_is_chosen_by_k():
     """`chain_busy_min_p` unset (the default): the busy floor is 0.05 up to k = 4 (flat: the one-row
-    floor) and 0.3 from k = 8 (linear between) -- the floors measured fastest at batch 32 on CPU with
+    floor) and 0.15 from k = 8 (linear between) -- the floors measured fastest at batch 32 on CPU with
     k = 4 and k = 8; a value that is set is used at every k.  With k = 8 a batch of 16 rows therefore
     drafts the confident head of a long context match, not its improbable tail."""
     unset = LookaheadConfig()
     assert unset.chain_busy_min_p is None and LookaheadConfig.from_dict({"chain_busy_min_p": None}) == unset
     floors = {k: LookaheadDrafter(unset, k).chain_floor(16) for k in (1, 4, 5, 6, 8, 16)}
     assert floors[1] == floors[4] == unset.chain_min_p == LookaheadDrafter(unset, 8).chain_floor(1)
-    assert floors[8] == floors[16] == 0.3 and floors[4] < floors[5] < floors[6] < floors[8]
+    assert floors[8] == floors[16] == 0.15 and floors[4] < floors[5] < floors[6] < floors[8]
     assert LookaheadDrafter(LookaheadConfig(chain_busy_min_p=0.05), 8).chain_floor(16) == 0.05
     assert LookaheadDrafter(LookaheadConfig(chain_busy_min_p=0.4), 4).chain_floor(32) == 0.4
     with pytest.raises(LookaheadConfigError, match="chain_busy_min_p"):

@@ -24,7 +24,7 @@ between the two exactly -- ``export`` hands a slot's state to a ``RequestState``
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 import numpy as np
 
@@ -94,6 +94,16 @@ class BatchRows:
         self.stats[s] = 0
         self.plen[s], self.kid[s], self.seglen[s], self.keys[s] = prompt_len, kid, seglen, key
         return s
+
+    def retire(self, req_ids: Iterable[str], limit: int) -> None:
+        """``req_ids`` left the batch (finished or preempted): their slots become dormant, the most
+        recent last; beyond ``limit`` dormant slots the oldest are released (with their parked state)."""
+        for rid in req_ids:
+            self.dormant[rid] = self.active.pop(rid)
+        while len(self.dormant) > limit:
+            rid, slot = self.dormant.popitem(last=False)
+            self.parked.pop(rid, None)
+            self.release(slot)
 
     def segment_gone(self, req_id: object) -> None:
         """The memory evicted (or forgot) ``req_id``'s output: its next output starts a new segment."""

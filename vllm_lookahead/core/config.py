@@ -37,7 +37,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 EXCLUSIVE_HI = frozenset({"ema_decay"})  # upper bound not allowed itself
 K_LIMITS = (1, 128)
 """num_speculative_tokens: vLLM's MAX_SPEC_LEN bounds a step's draft rows (the 2D layout uses them all)."""
-BUSY_FLOOR_BY_K = ((4, 0.05), (8, 0.3))
+BUSY_FLOOR_BY_K = ((4, 0.05), (8, 0.15))
 """(k, floor) points of the default busy floor (``LookaheadConfig.busy_floor``): measured at k = 4 and 8."""
 ALIASES: dict[str, str] = {"W": "lade_window", "N": "lade_ngram", "G": "lade_candidates"}
 """W/N/G mean LADE's window, n-gram size and candidates (guess set) -- the 2D layout's shape -- in
@@ -140,15 +140,19 @@ class LookaheadConfig:
     chain_busy_min_p: float | None = None
     """Policy "chain" from `batch_size_threshold` running requests on: the floor (the measured guard may
     still switch drafting off).  Unset (None, the default): chosen by k (``busy_floor``) -- 0.05 up to
-    k = 4, rising linearly to 0.3 at k = 8 and staying there.  Why by k: on this project's 2-core CPU
+    k = 4, rising linearly to 0.15 at k = 8 and staying there.  Why by k: on this project's 2-core CPU
     the floor that served most at busy batches was 0.05 with k = 4 (0.05 vs 0.25 vs 0.4,
     benchmarks/results/chain_floor_tuning_{open,copy}_64_s1.json; 0.3 lost again in
-    busy_floor_k4_open_64_b.json) but 0.3 with k = 8 (busy_floor_k8_{open_64_a,open_64_b,copy_64}.json,
+    busy_floor_k4_open_64_b.json) but 0.3 (against 0.05) with k = 8 (busy_floor_k8_{open_64_a,open_64_b,copy_64}.json,
     busy_floor_auto_k8_{open,copy}_64.json: ahead at batch 32 in all five runs): a request's k + 1
     query rows cost step time once they are many (batch 8: ~0.03 ms per draft row at k = 4, ~0.15 at
     k = 8), and the long drafts' tails are the least likely tokens.  k = 5..7 are interpolated; k = 6
     was checked (busy_floor_auto_k6_{open,copy}_64_r5.json: ahead at batch 32, batch 8 within the
-    spread).  A number here is used at every k; raise it where draft rows cost more (the floor then
+    spread).  0.15 at k = 8 since session 16: once the proposer's upkeep was one compiled call per step,
+    0.15 served more than 0.3 at batch 8 and 32 on open and copy prompts (4 of 4, 1.048x / 1.049x and
+    0.991x / 1.034x suffix's against 0.989x / 1.025x and 0.983x / 0.961x;
+    benchmarks/results/busy015_{open,copy}_64_r5.json, an AVX-512 host; 0.3 had been compared with 0.05
+    only, on the AVX2 host).  A number here is used at every k; raise it where draft rows cost more (the floor then
     rises with the batch)."""
     chain_strict_min_p: float = 0.0
     """Policy "chain" above `guard_batch_size` running requests: the floor of the guard's "strict" mode
@@ -264,7 +268,7 @@ class LookaheadConfig:
 
     def busy_floor(self, k: int) -> float:
         """The policy "chain" floor from `batch_size_threshold` rows on, for drafts of up to ``k`` tokens:
-        `chain_busy_min_p` if set, else the measured k-aware default (0.05 at k <= 4, 0.3 at k >= 8,
+        `chain_busy_min_p` if set, else the measured k-aware default (0.05 at k <= 4, 0.15 at k >= 8,
         linear between; see `chain_busy_min_p`)."""
         if self.chain_busy_min_p is not None:
             return self.chain_busy_min_p

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,7 +208,7 @@ class LookaheadDrafter:
         return self.cfg.policy == "chain" and batch > self.cfg.pool_max_batch and self.compiled_rows
 
     def step_arrays(self, req_ids: list[str], tokens: np.ndarray, num_tokens: np.ndarray,
-                    new_tokens: list[list[int]], verified: np.ndarray, prompt_lens: np.ndarray,
+                    new_tokens: list[list[int]], verified: Sequence[int] | np.ndarray, prompt_lens: np.ndarray,
                     key_of: Callable[[str], Hashable]) -> list[list[int]]:
         """``step`` for the engine's batch as it holds it, without a ``RowStep`` per row (``batch_path``
         steps only): row ``i`` is request ``req_ids[i]`` with committed tokens ``tokens[i, :num_tokens[i]]``
@@ -228,12 +228,7 @@ class LookaheadDrafter:
             live, slots_l = set(req_ids), None
             if self.states:
                 self._retire_states(live)
-            for rid in b.active.keys() - live:
-                b.dormant[rid] = b.active.pop(rid)
-            while len(b.dormant) > self.cfg.max_dormant_requests:
-                rid, slot = b.dormant.popitem(last=False)
-                b.parked.pop(rid, None)
-                b.release(slot)
+            b.retire(b.active.keys() - live, self.cfg.max_dormant_requests)
         new_counts = [len(t) for t in new_tokens]
         mode = self._guard(live, new_counts)
         if slots_l is None:
@@ -345,12 +340,7 @@ class LookaheadDrafter:
             b.export(s, st, row.context)
             b.release(s)
             self.states[row.req_id] = st
-        for rid in list(b.active):
-            b.dormant[rid] = b.active.pop(rid)
-        while len(b.dormant) > self.cfg.max_dormant_requests:
-            rid, slot = b.dormant.popitem(last=False)
-            b.parked.pop(rid, None)
-            b.release(slot)
+        b.retire(list(b.active), self.cfg.max_dormant_requests)
 
     def _off(self, rows: list[RowStep]) -> list[list[int]]:
         """A step without drafts, at almost no cost: the rows are not even observed.  Why: a guard that

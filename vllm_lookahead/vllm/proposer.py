@@ -224,9 +224,8 @@ class LookaheadProposer:
         """A batch-path step (``LookaheadDrafter.step_arrays``): the runner's arrays as they are, no
         per-row objects.  Verified draft counts come from the step's spec-decode metadata, in the
         captured row order (the same as now unless the batch was reordered in between: then by id)."""
-        n = len(req_ids)
         if captured is None:
-            verified: Any = np.zeros(n, dtype=np.int64)
+            verified = [0] * len(req_ids)
         elif captured[0] == req_ids:
             verified = captured[2]
         else:
@@ -234,8 +233,8 @@ class LookaheadProposer:
             verified = [by_id.get(rid, 0) for rid in req_ids]
         self._step2d = None
         requests = runner.requests
-        return self.drafter.step_arrays(req_ids, token_ids_cpu, num_tokens_no_spec, sampled_token_ids,
-                                        np.asarray(verified), runner.input_batch.num_prompt_tokens,
+        return self.drafter.step_arrays(req_ids, token_ids_cpu, num_tokens_no_spec, sampled_token_ids, verified,
+                                        runner.input_batch.num_prompt_tokens,
                                         lambda rid: isolation_key(requests.get(rid)))
 
     def _lade_drafts(self, runner: Any, rows: list[RowStep], drafts: list[list[int]],
