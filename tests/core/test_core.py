@@ -96,6 +96,15 @@ def test_context_lookup_matches_bruteforce(seq, lo, span):
             expect, expect_n = seq[max(ends):max(ends) + 4], m
             break
     assert (cont, n) == (expect, expect_n)
+    # the same match with its evidence: every earlier occurrence of the matched suffix, and whether they
+    # were all followed by the drafted token (one occurrence / more, all the same / more, different)
+    cont_e, n_e, evidence = idx.lookup_evidence(4)
+    assert (cont_e, n_e) == (expect, expect_n)
+    if expect_n:
+        suffix = seq[len(seq) - expect_n:]
+        nexts = [seq[i + expect_n] for i in range(len(seq) - expect_n) if seq[i:i + expect_n] == suffix]
+        expect_class = 0 if len(nexts) == 1 else (1 if set(nexts) == {expect[0]} else 2)
+        assert evidence == expect_class, (nexts, expect)
 
 
 # ----------------------------------------------------------------------------- config

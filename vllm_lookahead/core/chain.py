@@ -1,7 +1,8 @@
 """One chain drafter over every source, with a per-token acceptance estimate (policies "chain" and "cost").
 
 Sources, each offering one candidate chain for the positions after the last committed token:
-  * ``context``: prompt lookup over the request's prompt + output (longest suffix, up to ``max_match``);
+  * ``context``: prompt lookup over the request's prompt + output (longest suffix, up to ``max_match``;
+    its evidence: the match length and whether the suffix's earlier occurrences agree on what follows);
   * ``memory``: the engine-wide memory of earlier outputs under the request's isolation key
     (``SuffixMemory``: longest suffix up to ``memory_depth``, most frequent continuation);
   * ``pool``: LADE's n-gram pool of the request (prompt, output and Jacobi-trajectory n-grams), the
@@ -28,10 +29,13 @@ from .suffix_memory import SuffixMemory
 
 SOURCE_MEMORY = "memory"
 DEPTHS = 4  # draft positions 1, 2, 3, 4+ have their own cells
-# evidence buckets: context match length 1..4+; memory (matched length 1-2 / 3-5 / 6+) x (smoothed
-# frequency <0.4 / <0.7 / <0.9 / >=0.9); pool (agrees with the Jacobi iterate or not); Jacobi
-CTX0, MEM0, POOL0, JAC0, BUCKETS = 0, 4, 16, 18, 19
-_PRIOR_CTX = [0.3, 0.5, 0.6, 0.7]
+# evidence buckets: context (the matched suffix occurred once / more often, always followed by the drafted
+# token / more often, followed by different tokens: ``kernels.suffix_match_evidence``) x match length 1..4+;
+# memory (matched length 1-2 / 3-5 / 6+) x (smoothed frequency <0.4 / <0.7 / <0.9 / >=0.9); pool (agrees
+# with the Jacobi iterate or not); Jacobi
+CTX0, MEM0, POOL0, JAC0, BUCKETS = 0, 12, 24, 26, 27
+CTX_SINGLE, CTX_UNANIMOUS, CTX_SPLIT = 0, 1, 2  # as core/kernels.py numbers them
+_PRIOR_CTX = [0.3, 0.5, 0.6, 0.7] + [0.5, 0.7, 0.8, 0.85] + [0.2, 0.3, 0.35, 0.4]
 _PRIOR_MEM_FREQ = [0.3, 0.5, 0.7, 0.85]
 _PRIOR = np.array(_PRIOR_CTX + [f for _ in range(3) for f in _PRIOR_MEM_FREQ] + [0.35, 0.2, 0.15])
 _FREQ_EDGES = (0.4, 0.7, 0.9)
@@ -45,8 +49,9 @@ def _cells(bucket: int, n: int) -> list[int]:
 _CELLS = [[_cells(b, n) for n in range(65)] for b in range(BUCKETS)]  # precomputed: no per-token work
 
 
-def ctx_bucket(match_len: int) -> int:
-    return CTX0 + min(match_len, 4) - 1
+def ctx_bucket(match_len: int, evidence: int = CTX_SINGLE) -> int:
+    """The context bucket of a match of ``match_len`` tokens with evidence class ``evidence``."""
+    return CTX0 + 4 * evidence + min(match_len, 4) - 1
 
 
 def mem_cells(match_len: int, freqs: list[float], first: int = 0) -> list[int]:
@@ -129,9 +134,9 @@ def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: Suff
     rho = history_factor(st)
     # the best so far: (expected committed tokens, tokens, cells, p_cum per token, source)
     best: tuple[float, list[int], list[int], list[float], str] = (0.0, [], [], [], SOURCE_NONE)
-    cont, m = st.index.lookup(k)
+    cont, m, evidence = st.index.lookup_evidence(k)
     if cont:
-        best = _better(best, cont, list(_CELLS[ctx_bucket(m)][len(cont)]), SOURCE_CONTEXT, p, rho)
+        best = _better(best, cont, list(_CELLS[ctx_bucket(m, evidence)][len(cont)]), SOURCE_CONTEXT, p, rho)
     if memory is not None:
         mt, mp, mm = memory.lookup_from(st.isolation_key, st.index.buf, len(toks), k)
         if mt:

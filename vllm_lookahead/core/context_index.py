@@ -49,3 +49,12 @@ class ContextIndex:
         if end < 0:
             return [], 0
         return self.tokens[end : end + max_tokens], length
+
+    def lookup_evidence(self, max_tokens: int) -> tuple[list[int], int, int]:
+        """``lookup`` plus the evidence class of the match (``kernels.suffix_match_evidence``): whether the
+        matched suffix occurred once, or more often and always / not always followed by the same token."""
+        end, length, evidence = load_kernels().suffix_match_evidence(self.buf, len(self.tokens), self.min_match,
+                                                                     self.max_match)
+        if end < 0:
+            return [], 0, 0
+        return self.tokens[end : end + max_tokens], length, evidence

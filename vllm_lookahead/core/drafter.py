@@ -82,6 +82,7 @@ def compile_kernels() -> None:
         index = ContextIndex(1, 4)
         index.extend([1, 2, 1])
         index.lookup(2)
+        index.lookup_evidence(2)
         # with the memory, with one so small that it evicts (step_arrays' row-by-row path), without it
         for memory_tokens in (64, 8, 0):
             warm = LookaheadDrafter(LookaheadConfig(memory_tokens=memory_tokens, pool_max_batch=0), 2)
@@ -220,24 +221,8 @@ class LookaheadDrafter:
             raise ValueError(f"step_arrays serves policy 'chain' above pool_max_batch rows, not "
                              f"{len(req_ids)} rows of policy {self.cfg.policy!r}")
         b, n = self.batch, len(req_ids)
-        same = self._batch_rows
-        if same is not None and req_ids == same[0]:  # the same requests in the same rows: a steady decode
-            live, slots_l = same[1], same[2]
-        else:
-            self._batch_rows = None
-            live, slots_l = set(req_ids), None
-            if self.states:
-                self._retire_states(live)
-            b.retire(b.active.keys() - live, self.cfg.max_dormant_requests)
         new_counts = [len(t) for t in new_tokens]
-        mode = self._guard(live, new_counts)
-        if slots_l is None:
-            active = b.active
-            slots_l = [active.get(rid, -1) for rid in req_ids]
-            if -1 in slots_l and mode != "off":  # (in an "off" step requests not seen yet are not taken in)
-                self._admit(req_ids, slots_l, prompt_lens, key_of)
-            if -1 not in slots_l:
-                self._batch_rows = (list(req_ids), live, slots_l)
+        mode, slots_l = self._slots_for(req_ids, new_counts, prompt_lens, key_of)
         if mode == "off":
             self.last_budget = 0
             slots = np.array([x for x in slots_l if x >= 0], dtype=np.int64)
@@ -272,17 +257,49 @@ class LookaheadDrafter:
             if kept:
                 kern.keep_drafts(rowdata[0], out_meta[2], out_tok, out_cell, out_pc, out_meta[1], b.last_len,
                                  b.last_tok, b.last_cells, b.last_p, b.last_src)
-        counts = meta[2]
-        if not kept:  # over the batch's budget: the most probable
-            mask = np.arange(k) < out_meta[0][:, None]
-            owner = np.broadcast_to(np.arange(n)[:, None], (n, k))[mask]
-            alloc = threshold_allocate(out_pc[mask], owner, n, floor, cfg.max_batch_draft_tokens)
-            kern.keep_drafts(rowdata[0], alloc, out_tok, out_cell, out_pc, out_meta[1], b.last_len, b.last_tok,
-                             b.last_cells, b.last_p, b.last_src)
-            counts = alloc.tolist()
+        counts = meta[2] if kept else self._keep_within_budget(rowdata[0], floor)
         self._table_fresh = False
         self.last_budget = sum(counts)
         return [t[:c] for t, c in zip(out_tok.tolist(), counts)]
+
+    def _slots_for(self, req_ids: list[str], new_counts: list[int], prompt_lens: np.ndarray,
+                   key_of: Callable[[str], Hashable]) -> tuple[str, list[int]]:
+        """``step_arrays``' bookkeeping: the guard's mode for this step and each row's slot (-1: not
+        taken in, in an "off" step).  A steady batch -- the same requests in the same rows as the last
+        step -- reuses that step's slots; otherwise the requests that left are retired and the new rows
+        admitted (``_admit``)."""
+        b = self.batch
+        same = self._batch_rows
+        if same is not None and req_ids == same[0]:
+            live, slots_l = same[1], same[2]
+        else:
+            self._batch_rows = None
+            live, slots_l = set(req_ids), None
+            if self.states:
+                self._retire_states(live)
+            b.retire(b.active.keys() - live, self.cfg.max_dormant_requests)
+        mode = self._guard(live, new_counts)
+        if slots_l is None:
+            active = b.active
+            slots_l = [active.get(rid, -1) for rid in req_ids]
+            if -1 in slots_l and mode != "off":  # (in an "off" step requests not seen yet are not taken in)
+                self._admit(req_ids, slots_l, prompt_lens, key_of)
+            if -1 not in slots_l:
+                self._batch_rows = (list(req_ids), live, slots_l)
+        return mode, slots_l
+
+    def _keep_within_budget(self, slots: np.ndarray, floor: float) -> list[int]:
+        """``step_arrays`` when the drafts exceed ``max_batch_draft_tokens``: the most probable draft
+        tokens of the whole batch (``threshold_allocate``), kept for the next step; returns each row's count."""
+        b, k = self.batch, self.k
+        out_tok, out_cell, out_pc, out_meta = self._outputs  # type: ignore[misc]
+        n = len(slots)
+        mask = np.arange(k) < out_meta[0][:, None]
+        owner = np.broadcast_to(np.arange(n)[:, None], (n, k))[mask]
+        alloc = threshold_allocate(out_pc[mask], owner, n, floor, self.cfg.max_batch_draft_tokens)
+        load_kernels().keep_drafts(slots, alloc, out_tok, out_cell, out_pc, out_meta[1], b.last_len, b.last_tok,
+                                   b.last_cells, b.last_p, b.last_src)
+        return alloc.tolist()
 
     def _memory_rows(self, tokens: np.ndarray, num_tokens: np.ndarray, rowdata: np.ndarray, req_ids: list[str],
                      slots_l: list[int], new_tokens: list[list[int]], meta: list[list[int]], floor: float) -> None:

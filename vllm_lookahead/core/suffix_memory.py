@@ -235,54 +235,32 @@ class SuffixMemory:
     def _count_slots(self, tokens: np.ndarray, rows: np.ndarray, kids: np.ndarray, los: np.ndarray, his: np.ndarray,
                      floors: np.ndarray, seg_ids: list[Hashable], keys: list[Hashable], news: list[list[int]],
                      i: int, stop: int) -> None:
-        """Entries ``i:stop`` of ``extend_slots``: into their segments, and counted in one kernel call."""
-        bases = self.append_segments(tokens, rows[i:stop], los[i:stop], his[i:stop], floors[i:stop],
-                                     seg_ids[i:stop], keys[i:stop], news[i:stop])
+        """Entries ``i:stop`` of ``extend_slots``: into their segments, and counted in one kernel call --
+        each entry's contexts reaching back over at most ``depth`` of its segment's earlier tokens, not
+        before ``floors[i]``."""
+        depth, bases = self.depth, []
+        for sid, key, new, r, lo, hi, f in zip(seg_ids[i:stop], keys[i:stop], news[i:stop], rows[i:stop].tolist(),
+                                               los[i:stop].tolist(), his[i:stop].tolist(), floors[i:stop].tolist()):
+            toks = self._segment(sid, key)
+            bases.append(lo - min(len(toks), depth, lo - f))
+            toks.extend(new if len(new) == hi - lo else tokens[r, lo:hi].tolist())
         load_kernels().memory_add_slots(*self._tables, kids[i:stop], tokens, rows[i:stop],
                                         np.array(bases, dtype=np.int64), los[i:stop], his[i:stop], self.depth, 1)
 
-    def append_segments(self, tokens: np.ndarray, rows: np.ndarray, los: np.ndarray, his: np.ndarray,
-                        floors: np.ndarray, seg_ids: list[Hashable], keys: list[Hashable],
-                        news: list[list[int]]) -> list[int]:
-        """Append ``tokens[rows[i], los[i]:his[i]]`` to segment ``seg_ids[i]`` (``news[i]`` if it is as
-        long), without counting them (``kernels.chain_step`` did, or the caller will); returns where each
-        entry's contexts begin (``base``: at most ``depth`` of the segment's earlier tokens, not before
-        ``floors[i]``).  ``tokens``/``rows`` count only in ``tokens_total``; see ``extend_slots``."""
-        depth, segs = self.depth, self._segments
-        bases = []
-        for sid, key, new, r, lo, hi, f in zip(seg_ids, keys, news, rows.tolist(), los.tolist(), his.tolist(),
-                                               floors.tolist()):
-            entry = segs.get(sid)
-            if entry is None:
-                entry = segs[sid] = [key, []]
-            elif entry[0] != key:
-                raise ValueError(f"segment {sid!r} was started under another isolation key")
-            toks = entry[1]
-            bases.append(lo - min(len(toks), depth, lo - f))
-            toks.extend(new if len(new) == hi - lo else tokens[r, lo:hi].tolist())
-        return bases
-
     def append_outputs(self, tokens: np.ndarray, seg_ids: list[Hashable], keys_by_slot: list[Hashable],
                        slots: list[int], news: list[list[int]], los: list[int], his: list[int]) -> None:
-        """``append_segments`` for a whole batch, already counted (``kernels.chain_step``): row ``r`` appends
+        """Append a whole batch's output that ``kernels.chain_step`` already counted: row ``r`` appends
         ``tokens[r, los[r]:his[r]]`` (nothing if empty; ``news[r]`` if it is as long) to segment
         ``seg_ids[r]`` under ``keys_by_slot[slots[r]]``.  Plain lists in, no numpy per row."""
-        segs = self._segments
         for r, (lo, hi) in enumerate(zip(los, his)):
-            if hi <= lo:
-                continue
-            sid, key = seg_ids[r], keys_by_slot[slots[r]]
-            entry = segs.get(sid)
-            if entry is None:
-                entry = segs[sid] = [key, []]
-            elif entry[0] != key:
-                raise ValueError(f"segment {sid!r} was started under another isolation key")
-            new = news[r]
-            entry[1].extend(new if len(new) == hi - lo else tokens[r, lo:hi].tolist())
+            if hi > lo:
+                new = news[r]
+                self._segment(seg_ids[r], keys_by_slot[slots[r]]).extend(
+                    new if len(new) == hi - lo else tokens[r, lo:hi].tolist())
 
     def counted(self, new_tokens: int) -> None:
         """``new_tokens`` output tokens were counted by ``kernels.chain_step`` (within the room it was given:
-        ``room()``) and appended with ``append_segments``."""
+        ``room()``) and appended with ``append_outputs``."""
         self.tokens += new_tokens
         self._used_bound += self.depth * new_tokens
 
