@@ -1,0 +1,154 @@
+"""Are the chain drafter's acceptance estimates right?  Estimated vs realized commit probability (issue 14).
+
+Policy "chain" drafts a token while its estimated commit probability (``p_cum``: the token *and* all before
+it accepted) stays above a floor, and at a busy batch that floor decides which draft rows are worth their
+cost -- so the estimates must rank draft tokens well, and ideally be calibrated.  This replays greedy
+decoding of held-out prompts one after another through one drafter (the engine's batch-1 order: the
+output memory holds the earlier prompts' outputs), verification simulated exactly with the demo model's
+argmax (``core.simulate``), and bins every drafted token by its estimate: per bin, the share of tokens
+that were really committed.  Per source too (context, memory), and for context drafts the first token's
+acceptance by the evidence class of its match (``kernels.suffix_match_evidence``: the matched suffix
+occurred once / more often and always followed by the same token / more often with different tokens).
+
+    python benchmarks/draft_calibration.py --prompts open --n 48 --k 8 --set chain_min_p=0.15 \\
+        --json benchmarks/results/draft_calibration_open_48.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSES = ("once", "unanimous", "split")
+
+
+def code_version() -> dict[str, str]:
+    """Which vllm_lookahead this ran (the package imported, its checkout's commit): the script can replay
+    older code, e.g. ``PYTHONPATH=<older checkout>``."""
+    import subprocess
+
+    import vllm_lookahead
+
+    pkg = Path(vllm_lookahead.__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(pkg), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"package": str(pkg), "commit": commit}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="models/demo-code-4l")
+    ap.add_argument("--prompts", default="open", help="open, copy or mixed (held-out prompts)")
+    ap.add_argument("--n", type=int, default=48, help="prompts, run one after another")
+    ap.add_argument("--k", type=int, default=8, help="draft tokens per step (num_speculative_tokens)")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="lookahead config override, as in the bench's SPEC (repeatable), e.g. chain_min_p=0.15")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from drafter_lab import make_verify
+
+    from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter
+    from vllm_lookahead.core.jit import load_kernels
+    from vllm_lookahead.core.simulate import simulate
+    from vllm_lookahead.decoders import lookahead_overrides
+    from vllm_lookahead.prompts import load_heldout_prompts
+
+    overrides = lookahead_overrides(args.k, args.set)
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    verify = make_verify(model)
+    cfg = LookaheadConfig(**overrides)
+    drafter = LookaheadDrafter(cfg, args.k)
+    kern = load_kernels()
+    step = drafter.step
+    seen: list[tuple[int, list[int], str, list[float], int]] = []  # (committed, draft, source, p_cum, class)
+
+    def recording_step(rows):
+        drafts = step(rows)
+        (row,) = rows
+        st = drafter.states[row.req_id]
+        evidence = -1
+        if st.last_source == "context" and hasattr(kern, "suffix_match_evidence"):  # (older code: no classes)
+            evidence = int(kern.suffix_match_evidence(st.index.buf, len(st.index.tokens), cfg.min_match,
+                                                      cfg.max_match)[2])
+        seen.append((row.num_tokens, list(drafts[0]), st.last_source, list(st.last_p), evidence))
+        return drafts
+
+    drafter.step = recording_step
+    bins: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])  # (source or "all", decile) -> n, committed
+    first: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # context evidence class -> drafts, first accepted
+    tokens = steps = drafted = committed = 0
+    t0 = time.time()
+    for j, prompt in enumerate(tqdm(load_heldout_prompts(args.n, args.prompts, seed=0), desc="prompts", unit="prompt")):
+        ids = tok(prompt).input_ids
+        seen.clear()
+        res = simulate(verify, ids, args.max_tokens, args.k, eos=tok.eos_token_id, drafter=drafter, req_id=f"q{j}")
+        tokens += len(res.tokens)
+        steps += res.steps
+        full = list(ids) + res.tokens
+        for n_committed, draft, source, p_cum, evidence in seen:
+            future = full[n_committed:]
+            if not future or not draft:
+                continue
+            a = 0
+            while a < len(draft) and a < len(future) and draft[a] == future[a]:
+                a += 1
+            for i, q in enumerate(p_cum[: len(draft)]):
+                b = min(int(q * 10), 9)
+                for key in (("all", b), (source, b)):
+                    bins[key][0] += 1
+                    bins[key][1] += i < a
+            drafted += len(draft)
+            committed += a
+            if evidence >= 0:
+                first[CLASSES[evidence]][0] += 1
+                first[CLASSES[evidence]][1] += a > 0
+
+    def table(source: str) -> list[dict[str, float | int | str]]:
+        return [{"estimate": f"{b / 10:.1f}-{(b + 1) / 10:.1f}", "tokens": v[0], "committed_share": v[1] / v[0]}
+                for (s, b), v in sorted(bins.items()) if s == source]
+
+    out = {
+        "command": "python benchmarks/draft_calibration.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "code": code_version(), "model": args.model, "prompts": args.prompts, "n": args.n, "k": args.k, "max_tokens": args.max_tokens,
+        "config": overrides, "compression": tokens / steps, "drafted_tokens": drafted, "committed_draft_tokens": committed,
+        "calibration": {s: table(s) for s in ("all", "context", "memory")},
+        "context_first_token_by_evidence": {c: {"drafts": v[0], "first_accepted_share": v[1] / v[0]}
+                                            for c, v in first.items()},
+        "definition": "per bin of the estimated commit probability p_cum (deciles), the share of drafted tokens "
+                      "that were committed (the token and all before it accepted); a calibrated estimate has "
+                      "each bin's share inside the bin",
+    }
+    print(f"{args.prompts}, k={args.k}, {overrides}: compression {out['compression']:.3f} tokens/step, "
+          f"{drafted} draft tokens, {committed} committed ({committed / max(drafted, 1):.3f}) "
+          f"[{time.time() - t0:.0f} s]")
+    print(f"{'estimate':<10}{'tokens':>8}{'committed':>11}")
+    for row in out["calibration"]["all"]:
+        print(f"{row['estimate']:<10}{row['tokens']:>8}{row['committed_share']:>11.3f}")
+    for c, v in out["context_first_token_by_evidence"].items():
+        print(f"context match {c:<10}: {v['drafts']:>5} drafts, first token accepted {v['first_accepted_share']:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
