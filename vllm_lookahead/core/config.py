@@ -198,6 +198,12 @@ class LookaheadConfig:
     confident_match: int = 2
     max_dormant_requests: int = 256
     """Per-request state kept for requests absent from the batch (preempted); LRU beyond it."""
+    plain_steps_without_drafts: bool = True
+    """A step in which no request has a draft runs vLLM's plain (non-speculative) path: logits of the last
+    positions and vLLM's sampler, as with no speculation at all (vllm/plain_steps.py).  Why: once speculation is
+    configured vLLM 0.32 runs its spec-decode metadata and rejection sampler on every step, drafts or not --
+    measured in benchmarks/results/draft_row_cost.json -- so a guard that switches drafting off would still be
+    slower than `none`.  Attention-only models; other runners keep the speculative path."""
     # --- LADE's 2D layout (issue 8; docs/design/lookahead-2d.md) ---
     layout: str = "chain"
     """"chain": drafts are one chain verified by vLLM's rejection sampler (the default).  "2d": LADE's

@@ -143,6 +143,7 @@ def revert(name: str) -> bool:
 # Modules that declare patches (imported by ``load_all`` so that ``PATCHES`` is complete).
 DECLARING_MODULES = (
     "vllm_lookahead.vllm.runner_patch",
+    "vllm_lookahead.vllm.plain_steps",
     "vllm_lookahead.vllm.lade2d",
     "vllm_lookahead.vllm.flex_mask",
     "vllm_lookahead.vllm.prompt_scores",

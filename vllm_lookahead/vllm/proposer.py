@@ -36,6 +36,7 @@ from vllm_lookahead.core.lade import LadeState
 
 from . import lade2d
 from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken
+from .plain_steps import install_plain_steps
 from .runner_patch import install_runner_hook
 from .version import check_vllm_version
 
@@ -83,6 +84,7 @@ class LookaheadProposer:
         # survive it (fixes.py, safe_rebind_kernels; a no-op where the scan is fine)
         apply_tool_fixes()
         install_runner_hook()
+        install_plain_steps()  # steps without drafts skip vLLM's rejection sampler (plain_steps.py)
         logger.info("vllm-lookahead: %s", fix_cpu_expand_if_broken())
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
