@@ -45,36 +45,20 @@ def code_version() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="models/demo-code-4l")
-    ap.add_argument("--prompts", default="open", help="open, copy or mixed (held-out prompts)")
-    ap.add_argument("--n", type=int, default=48, help="prompts, run one after another")
-    ap.add_argument("--k", type=int, default=8, help="draft tokens per step (num_speculative_tokens)")
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="lookahead config override, as in the bench's SPEC (repeatable), e.g. chain_min_p=0.15")
-    ap.add_argument("--json", type=Path)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from drafter_lab import add_replay_arguments, replay_drafter
+
+    add_replay_arguments(ap, n=48, k=8)
     args = ap.parse_args(argv)
 
-    import torch
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from drafter_lab import make_verify
-
-    from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter
     from vllm_lookahead.core.jit import load_kernels
     from vllm_lookahead.core.simulate import simulate
-    from vllm_lookahead.decoders import lookahead_overrides
     from vllm_lookahead.prompts import load_heldout_prompts
 
-    overrides = lookahead_overrides(args.k, args.set)
-    torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    verify = make_verify(model)
-    cfg = LookaheadConfig(**overrides)
-    drafter = LookaheadDrafter(cfg, args.k)
+    tok, verify, overrides, drafter = replay_drafter(args)
+    cfg = drafter.cfg
     kern = load_kernels()
     step = drafter.step
     seen: list[tuple[int, list[int], str, list[float], int]] = []  # (committed, draft, source, p_cum, class)

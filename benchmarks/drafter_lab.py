@@ -29,6 +29,34 @@ def make_verify(model):
     return verify
 
 
+def add_replay_arguments(ap, *, n: int, k: int) -> None:  # noqa: ANN001
+    """The command line of a one-drafter replay (``selection_oracle.py``, ``draft_calibration.py``)."""
+    ap.add_argument("--model", default="models/demo-code-4l")
+    ap.add_argument("--prompts", default="open", help="open, copy or mixed (held-out prompts)")
+    ap.add_argument("--n", type=int, default=n, help="prompts, run one after another")
+    ap.add_argument("--k", type=int, default=k, help="draft tokens per step (num_speculative_tokens)")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="lookahead config override, as in the bench's SPEC (repeatable), e.g. chain_min_p=0.15")
+    ap.add_argument("--json", type=Path)
+
+
+def replay_drafter(args):  # noqa: ANN001, ANN201
+    """(tokenizer, verify, config overrides, drafter) for a replay: the demo model on one thread, greedy
+    verification from its argmax (``make_verify``), one ``LookaheadDrafter`` with the ``--set`` overrides."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter
+    from vllm_lookahead.decoders import lookahead_overrides
+
+    overrides = lookahead_overrides(args.k, args.set)
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    return tok, make_verify(model), overrides, LookaheadDrafter(LookaheadConfig(**overrides), args.k)
+
+
 class PromptLookupDrafter:
     """vLLM-ngram-like drafting: longest suffix match (max_n..min_n) in the context, nothing else."""
 

@@ -67,34 +67,18 @@ def rule_key(context: list[int], match: int, memory: list[int], probs: list[floa
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="models/demo-code-4l")
-    ap.add_argument("--prompts", default="open", help="open, copy or mixed (held-out prompts)")
-    ap.add_argument("--n", type=int, default=64, help="prompts, run one after another")
-    ap.add_argument("--k", type=int, default=4, help="draft tokens per step (num_speculative_tokens)")
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="lookahead config override, as in the bench's SPEC (repeatable)")
-    ap.add_argument("--json", type=Path)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from drafter_lab import add_replay_arguments, replay_drafter
+
+    add_replay_arguments(ap, n=64, k=4)
     args = ap.parse_args(argv)
 
-    import torch
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from drafter_lab import make_verify
-
-    from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter
     from vllm_lookahead.core.simulate import simulate
-    from vllm_lookahead.decoders import lookahead_overrides
     from vllm_lookahead.prompts import load_heldout_prompts
 
-    overrides = lookahead_overrides(args.k, args.set)
-    torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    verify = make_verify(model)
-    drafter = LookaheadDrafter(LookaheadConfig(**overrides), args.k)
+    tok, verify, overrides, drafter = replay_drafter(args)
     step = drafter.step
     seen: list[tuple[int, list[int], tuple]] = []  # (committed tokens, draft, (candidates, rule key))
 

@@ -18,46 +18,24 @@ from numba import njit
 
 from .jit import compiled
 
-
-@compiled
-def longest_suffix_match(toks: np.ndarray, n: int, min_match: int, max_match: int) -> tuple[int, int]:
-    """(end, length) of the most recent earlier occurrence of the longest suffix of ``toks[:n]`` with
-    ``min_match <= length <= max_match``; (-1, 0) if none.  "Earlier": the occurrence ends before ``n``
-    (the suffix never matches itself), so ``toks[end]`` is the first token that followed it."""
-    hi = min(max_match, n - 1)
-    best_end, best_len = -1, 0
-    if hi < min_match:
-        return best_end, best_len
-    last = toks[n - 1]
-    for e in range(n - 1, min_match - 1, -1):  # the latest occurrence first: ties go to it
-        if toks[e - 1] != last:
-            continue
-        m = 1
-        top = min(hi, e)
-        while m < top and toks[e - 1 - m] == toks[n - 1 - m]:
-            m += 1
-        if m > best_len and m >= min_match:
-            best_end, best_len = e, m
-            if m == hi:  # nothing longer can exist
-                break
-    return best_end, best_len
-
-
 CTX_SINGLE, CTX_UNANIMOUS, CTX_SPLIT = 0, 1, 2  # core.chain's context evidence classes (see below)
 
 
 @compiled
 def suffix_match_evidence(toks: np.ndarray, n: int, min_match: int, max_match: int) -> tuple[int, int, int]:
-    """``longest_suffix_match`` plus how much the context agrees with its answer: (end, length, class).
+    """The most recent earlier occurrence of the longest suffix of ``toks[:n]`` with ``min_match <= length
+    <= max_match`` ("earlier": it ends before ``n``, so ``toks[end]`` is the first token that followed it),
+    and how much the context agrees with that answer: (end, length, class); (-1, 0, ``CTX_SINGLE``) if none.
 
     ``class`` looks at every earlier occurrence of the matched suffix (``length`` tokens), not only the
     latest one: ``CTX_SINGLE`` -- it occurred once; ``CTX_UNANIMOUS`` -- more than once, always followed
     by ``toks[end]``; ``CTX_SPLIT`` -- more than once, followed by different tokens.  Why: the match length
-    alone misjudges a draft whose suffix was followed by different tokens before (measured at batch 1
-    on the demo model, 48 prompts, k=8, context drafts: the first token was accepted 0.19-0.42 of the
-    time after a split suffix, 0.75-0.94 after a unanimous one).  Suffix decoding's prompt tree weighs
-    the same counts.  One backward pass: per occurrence, the counts of every length up to its match
-    length (``max_match`` is small), so the scan no longer stops at the first longest match."""
+    alone misjudges a draft whose suffix was followed by different tokens before (replayed at batch 1
+    on the demo model, 48 prompts, k=8: a context draft's first token was accepted 0.25 / 0.3 of the time
+    after a split suffix, 0.837 / 0.773 after a unanimous one, open / copy prompts;
+    benchmarks/results/draft_calibration_{open,copy}_48.json).  Suffix decoding's prompt tree weighs the
+    same counts.  One backward pass: per occurrence, the counts of every length up to its match length
+    (``max_match`` is small); it does not stop at the first longest match."""
     hi = min(max_match, n - 1)
     best_end, best_len = -1, 0
     if hi < min_match:
@@ -87,6 +65,15 @@ def suffix_match_evidence(toks: np.ndarray, n: int, min_match: int, max_match: i
     if cnt[best_len] == 1:
         return best_end, best_len, CTX_SINGLE
     return best_end, best_len, (CTX_UNANIMOUS if same[best_len] == cnt[best_len] else CTX_SPLIT)
+
+
+@compiled
+def longest_suffix_match(toks: np.ndarray, n: int, min_match: int, max_match: int) -> tuple[int, int]:
+    """(end, length) of the most recent earlier occurrence of the longest suffix of ``toks[:n]`` with
+    ``min_match <= length <= max_match``; (-1, 0) if none.  "Earlier": the occurrence ends before ``n``
+    (the suffix never matches itself), so ``toks[end]`` is the first token that followed it."""
+    end, length, _ = suffix_match_evidence(toks, n, min_match, max_match)
+    return end, length
 
 
 _SEED = np.uint64(0x5DEECE66D)
