@@ -13,7 +13,7 @@ Why estimates instead of a fixed k: a draft token is worth its row only if it is
 ``AcceptanceTable`` learns, for each source, evidence bucket (match length, frequency, agreement with
 the iterate) and draft position, P(token accepted | its predecessors were) from the verifications the
 engine has already done -- Beta-smoothed towards a prior, so it is usable from the first step.  A
-request's own history scales it (``RequestState.hist_*``: accepted / expected, clipped).  The candidate
+request's own history scales a candidate (``RequestState.hist_*``: accepted / expected, clipped).  The candidate
 with the most expected committed tokens wins; how much of it is drafted is decided by its estimated
 commit probability: policy "chain" drafts while it stays above a floor (suffix decoding's rule, on learned
 estimates), policy "cost" cuts the whole batch's drafts with ``StepCostModel.allocate`` (long where the
@@ -24,7 +24,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .state import SOURCE_CONTEXT, SOURCE_JACOBI, SOURCE_NONE, SOURCE_POOL, RequestState, _agreement
+from .state import (
+    HISTORY_PRIOR,
+    SOURCE_CONTEXT,
+    SOURCE_JACOBI,
+    SOURCE_NONE,
+    SOURCE_POOL,
+    RequestState,
+    _agreement,
+)
 from .suffix_memory import SuffixMemory
 
 SOURCE_MEMORY = "memory"
@@ -105,16 +113,21 @@ class AcceptanceTable:
 
 
 def history_factor(st: RequestState) -> float:
-    """The request's accepted / expected tokens (decayed sums, +1 smoothing), clipped to [0.3, 1.6]."""
-    return min(max((st.hist_accepted + 1.0) / (st.hist_expected + 1.0), 0.3), 1.6)
+    """The request's accepted / expected tokens (decayed sums, ``HISTORY_PRIOR`` smoothing), clipped to
+    [0.3, 1.6].  It scales a candidate's p_cum once (``_better``), not each token's estimate: the
+    ratio is one of expected committed tokens, and compounded over eight positions it turned a ratio
+    of 1.3 into a factor of 8."""
+    h = HISTORY_PRIOR
+    return min(max((st.hist_accepted + h) / (st.hist_expected + h), 0.3), 1.6)
 
 
 def _better(best: tuple[float, list[int], list[int], list[float], str], draft: list[int], cells: list[int],
             source: str, p: list[float], rho: float) -> tuple[float, list[int], list[int], list[float], str]:
-    """``best`` or the candidate (draft, cells, source), whichever has more expected committed tokens."""
-    acc, pc, total = 1.0, [], 0.0
+    """``best`` or the candidate (draft, cells, source), whichever has more expected committed tokens
+    (p_cum: ``rho`` x the product of its tokens' estimates, at most 0.98)."""
+    acc, pc, total = rho, [], 0.0
     for c in cells:
-        acc *= min(p[c] * rho, 0.98)
+        acc = min(acc * p[c], 0.98)
         pc.append(acc)
         total += acc
     return (total, draft, cells, pc, source) if total > best[0] else best
@@ -165,7 +178,7 @@ def propose_chain(st: RequestState, k: int, table: AcceptanceTable, memory: Suff
         mt, mp, mm = memory.lookup(st.isolation_key, tail, k - len(draft))
         acc = pc[-1]
         for t, c in zip(mt, mem_cells(mm, mp, len(draft))):
-            acc *= min(p[c] * rho, 0.98)
+            acc = min(acc * p[c], 0.98)
             draft.append(t)
             cells.append(c)
             pc.append(acc)

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit
 
 from .jit import compiled
+from .state import HISTORY_PRIOR
 
 CTX_SINGLE, CTX_UNANIMOUS, CTX_SPLIT = 0, 1, 2  # core.chain's context evidence classes (see below)
 
@@ -233,12 +234,12 @@ def _mem_cell(matched, f, j, mem0, depths):
 
 @njit(inline="always")
 def _score(cells, length, p, rho, p_cum):
-    """A candidate's p_cum per token (into ``p_cum``: prod of min(p[cell] * rho, 0.98), as
-    ``core.chain._better``) and their sum, the expected committed tokens."""
-    acc = 1.0
+    """A candidate's p_cum per token (into ``p_cum``: ``rho`` x the product of its cells' estimates,
+    at most 0.98, as ``core.chain._better``) and their sum, the expected committed tokens."""
+    acc = rho
     total = 0.0
     for j in range(length):
-        acc *= min(p[cells[j]] * rho, 0.98)
+        acc = min(acc * p[cells[j]], 0.98)
         p_cum[j] = acc
         total += acc
     return total
@@ -261,7 +262,7 @@ def _propose_one(r, ctx, n, kid, h_a, h_e, p, k, min_match, max_match, nk, ntot,
     out_count[r] = 0
     if n == 0:
         return
-    rho = min(max((h_a + 1.0) / (h_e + 1.0), 0.3), 1.6)
+    rho = min(max((h_a + HISTORY_PRIOR) / (h_e + HISTORY_PRIOR), 0.3), 1.6)  # chain.history_factor
     best_total = 0.0
     best_len = 0
     end, m, cls = suffix_match_evidence(ctx, n, min_match, max_match)
@@ -298,7 +299,7 @@ def _propose_one(r, ctx, n, kid, h_a, h_e, p, k, min_match, max_match, nk, ntot,
             acc = out_pc[r, best_len - 1]
             for j in range(got):
                 c = _mem_cell(matched, probs[j], best_len + j, mem0, depths)
-                acc *= min(p[c] * rho, 0.98)
+                acc = min(acc * p[c], 0.98)
                 out_tok[r, best_len + j], out_cell[r, best_len + j], out_pc[r, best_len + j] = scratch[at + j], c, acc
             best_len += got
     out_len[r] = best_len
@@ -317,7 +318,7 @@ def propose_rows(flat, offs, lens, kids, hist_a, hist_e, p, k, min_match, max_ma
     Row ``r``'s committed tokens are ``flat[offs[r]:offs[r] + lens[r]]`` (``lens[r]`` 0: no draft, e.g.
     still prefilling); ``kids[r]`` its isolation key's id in the memory (-1: nothing stored under it, or
     no memory).  Per row: the context match and the memory's longest match, each scored by expected
-    committed tokens (sum of p_cum, p_cum = prod of min(p[cell] * rho, 0.98)); the better one, if short,
+    committed tokens (sum of p_cum, p_cum = min(rho x prod of p[cell], 0.98)); the better one, if short,
     continues with what the memory says follows it; then how many leading tokens have p_cum >= ``floor``.
     Writes the full candidate (``out_tok``/``out_cell``/``out_pc``, ``out_len`` tokens, source
     ``out_src``) and the count above the floor (``out_count``).  The float arithmetic is the Python

@@ -21,6 +21,12 @@ from .config import LookaheadConfig
 from .context_index import ContextIndex
 from .pool import NGramPool
 
+HISTORY_PRIOR = 8.0
+"""Pseudo-tokens on both sides of a request's accepted / expected ratio (``chain.history_factor``): the
+ratio moves off 1 only once the request has a few steps of history.  With +1 it swung on a step or
+two and, applied to every token of a draft, overshot: replays at equal draft tokens
+(benchmarks/results/README.md, "history factor") commit more with 8 and the factor applied once."""
+
 SOURCE_NONE, SOURCE_CONTEXT, SOURCE_POOL, SOURCE_JACOBI = "none", "context", "pool", "jacobi"
 
 
