@@ -320,6 +320,36 @@ def test_chain_policy_cuts_each_draft_at_its_commit_probability_floor():
     assert busy.step(rows) == [[]] * 20
 
 
+def test_history_factor_scales_a_candidate_once_and_waits_for_history():
+    """A request's accepted / expected ratio moves off 1 only after a few tokens of history
+    (``HISTORY_PRIOR`` pseudo-tokens each side), is clipped to [0.3, 1.6], and scales a candidate's
+    commit probability once: p_cum[j] = min(rho * p[c0] * ... * p[cj], 0.98) -- compounding it per
+    token would turn a ratio of 1.3 into 1.3**8 over eight positions."""
+    from vllm_lookahead.core.chain import _better, history_factor
+    from vllm_lookahead.core.state import HISTORY_PRIOR, RequestState
+
+    st = RequestState(LookaheadConfig(policy="chain"), 8)
+    assert history_factor(st) == 1.0
+    st.hist_accepted, st.hist_expected = 1.0, 0.0  # one lucky token barely moves it
+    assert history_factor(st) == pytest.approx((1 + HISTORY_PRIOR) / HISTORY_PRIOR) and history_factor(st) < 1.2
+    st.hist_accepted, st.hist_expected = 14.0, 10.0
+    assert history_factor(st) == pytest.approx((14 + HISTORY_PRIOR) / (10 + HISTORY_PRIOR))
+    st.hist_accepted, st.hist_expected = 500.0, 10.0
+    assert history_factor(st) == 1.6
+    st.hist_accepted, st.hist_expected = 0.0, 500.0
+    assert history_factor(st) == 0.3
+    p = [0.9, 0.8, 0.7, 0.6]
+    none = (0.0, [], [], [], "none")
+    _, _, _, pc, _ = _better(none, [1, 2, 3, 4], [0, 1, 2, 3], "context", p, 1.3)
+    want, acc = [], 1.3
+    for x in p:
+        acc = min(acc * x, 0.98)
+        want.append(acc)
+    assert pc == pytest.approx(want) and pc[0] == 0.98 and pc[-1] == pytest.approx(0.98 * 0.8 * 0.7 * 0.6)
+    low = _better(none, [1, 2, 3, 4], [0, 1, 2, 3], "context", p, 0.5)[3]
+    assert low == pytest.approx([0.5 * 0.9, 0.5 * 0.72, 0.5 * 0.504, 0.5 * 0.3024])
+
+
 def test_chain_floor_rises_with_the_batch():
     """The floor is chain_min_p at one row, chain_busy_min_p from batch_size_threshold rows on, and
     rises monotonically in between (a row must beat the tokens/s of a bigger batch); a mid-size batch
