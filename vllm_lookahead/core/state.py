@@ -24,8 +24,9 @@ from .pool import NGramPool
 HISTORY_PRIOR = 8.0
 """Pseudo-tokens on both sides of a request's accepted / expected ratio (``chain.history_factor``): the
 ratio moves off 1 only once the request has a few steps of history.  With +1 it swung on a step or
-two and, applied to every token of a draft, overshot: replays at equal draft tokens
-(benchmarks/results/README.md, "history factor") commit more with 8 and the factor applied once."""
+two and, applied to every token of a draft, overshot: replays at about equal draft tokens commit more
+with 8 and the factor applied once (benchmarks/results/history_calibration_{open,copy}_48*.json against
+draft_calibration_*; benchmarks/results/README.md, "the request's history factor")."""
 
 SOURCE_NONE, SOURCE_CONTEXT, SOURCE_POOL, SOURCE_JACOBI = "none", "context", "pool", "jacobi"
 
