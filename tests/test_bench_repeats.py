@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.bench import _aggregate, _mark_exact, add_vs_best_baseline, machine
+from vllm_lookahead.bench import _aggregate, _load, _mark_exact, add_vs_best_baseline, machine
 from vllm_lookahead.decoders import SpecError, parse_spec
 
 pytestmark = pytest.mark.unit
@@ -79,3 +79,15 @@ def test_speedup_over_the_best_baseline_pairs_each_repeat():
     assert la["tokens_per_s"] / agg["suffix:k=4"]["tokens_per_s"] == pytest.approx(1.0)
     assert "speedup_vs_best_baseline_median" not in agg["none"]
     assert agg["suffix:k=4"]["speedup_vs_best_baseline_all"] == pytest.approx([1.0, 120 / 130, 1.0])
+
+
+def test_load_record_holds_the_cpu_time_stolen_by_the_hypervisor():
+    """Each repeat's load record carries /proc/stat's cumulative steal time, so a repeat's share of
+    stolen CPU is ``after - before``: it must be a non-decreasing count of seconds on Linux."""
+    import sys
+
+    a = _load()
+    b = _load()
+    assert {"loadavg_1m", "cpu_steal_s", "time"} <= set(a)
+    if sys.platform.startswith("linux"):
+        assert isinstance(a["cpu_steal_s"], float) and 0.0 <= a["cpu_steal_s"] <= b["cpu_steal_s"]
