@@ -413,8 +413,6 @@ def _cpu_steal_s() -> float | None:
     "steal" column, in seconds), or None where there is none.  On a VM the repeats' spread can come
     from neighbours that the load average never shows; the difference between a repeat's ``before``
     and ``after`` says how much of its wall time was stolen."""
-    import os
-
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()
@@ -427,8 +425,6 @@ def _load() -> dict[str, Any]:
     """Machine load at this moment (``uptime``'s 1/5/15-minute averages and the CPU time stolen by
     the hypervisor so far): the runs share the CPU with whatever else runs, and the JSON should say
     how busy it was."""
-    import os
-
     one, five, fifteen = os.getloadavg()
     return {"loadavg_1m": one, "loadavg_5m": five, "loadavg_15m": fifteen, "cpu_steal_s": _cpu_steal_s(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
