@@ -60,7 +60,7 @@ def test_steps_without_drafts_skip_the_rejection_sampler(engine_factory, monkeyp
     sp = SamplingParams(temperature=0.0, max_tokens=16)
     outputs, sampler_calls = {}, {}
     for spec in ("none", "lookahead:k=4,chain_min_p=1.0",
-                 "lookahead:k=4,chain_min_p=1.0,plain_steps_without_drafts=false"):
+                 "lookahead:k=4,chain_min_p=1.0,plain_steps_without_drafts=false,fast_greedy_verify=false"):
         llm = engine_factory(spec, max_num_seqs=2)
         calls["n"] = 0
         outputs[spec] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
@@ -70,4 +70,4 @@ def test_steps_without_drafts_skip_the_rejection_sampler(engine_factory, monkeyp
     assert all(out == outputs["none"] for out in outputs.values())
     assert sampler_calls["lookahead:k=4,chain_min_p=1.0"] == 0
     # without the patch every decode step runs it (vLLM 0.32), so the count above is not vacuous
-    assert sampler_calls["lookahead:k=4,chain_min_p=1.0,plain_steps_without_drafts=false"] >= 16
+    assert sampler_calls["lookahead:k=4,chain_min_p=1.0,plain_steps_without_drafts=false,fast_greedy_verify=false"] >= 16

@@ -34,7 +34,7 @@ from vllm_lookahead.core.arbiter import LayoutArbiter
 from vllm_lookahead.core.config import ALIASES, LIMITS
 from vllm_lookahead.core.lade import LadeState
 
-from . import lade2d
+from . import greedy_verify, lade2d
 from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken
 from .plain_steps import install_plain_steps
 from .runner_patch import install_runner_hook
@@ -94,6 +94,7 @@ class LookaheadProposer:
         PROFILE.drafter = self.drafter
         self._runner: Any = None
         self._captured: tuple[list[str], Any, list[int]] | None = None
+        self._verdict: Any = None  # a SamplerOutput made from the argmax (greedy_verify), until taken
         self._warned = False
         # LADE's 2D layout (config layout="2d"): per-request window/pool state, the verified step
         self.lade: dict[str, LadeState] = {}
@@ -126,6 +127,7 @@ class LookaheadProposer:
 
     def _capture(self, runner: Any, logits: Any, spec_decode_metadata: Any) -> None:
         self._runner = runner
+        self._verdict = None
         if logits is None or spec_decode_metadata is None:
             self._captured = self._step2d = None
             return
@@ -133,17 +135,27 @@ class LookaheadProposer:
 
         cfg = self.config
         argmax: Any
-        if (cfg.layout != "2d" and cfg.policy in ("chain", "cost")
-                and len(runner.input_batch.req_ids) > cfg.pool_max_batch):
-            # the target argmax feeds only the Jacobi iterate and the pool's trajectories, which these
-            # policies skip above `pool_max_batch` rows: keep the verified counts, not the argmax
-            argmax = None
-        elif cfg.layout != "2d" and logits.is_cpu and logits.dtype == torch.float32:
+        # a greedy step whose verdict is the plain argmax is verified here, from the numpy argmax
+        # (greedy_verify.py: vLLM's CPU rejection sampler costs ~7% of a step)
+        verdict = (cfg.fast_greedy_verify and cfg.layout != "2d"
+                   and greedy_verify.argmax_is_the_verdict(runner, logits, spec_decode_metadata))
+        # the target argmax feeds only the Jacobi iterate and the pool's trajectories, which these
+        # policies skip above `pool_max_batch` rows: keep the verified counts, not the argmax
+        drafter_skips_argmax = (cfg.layout != "2d" and cfg.policy in ("chain", "cost")
+                                and len(runner.input_batch.req_ids) > cfg.pool_max_batch)
+        if verdict or (not drafter_skips_argmax and cfg.layout != "2d" and logits.is_cpu
+                       and logits.dtype == torch.float32):
             # numpy's argmax over a CPU float32 batch is ~10x faster than torch's (26 vs 310 us for
             # 90 rows x 4096 on one thread): the capture is on every step's critical path.  For the same
             # reason `is_cpu`, not `device.type` (measured inside the engine at batch 1: ~2.5 us vs ~19 us
             # for the device and dtype checks), and no `detach()` where the logits need none (9 vs 16 us)
             argmax = (logits.detach() if logits.requires_grad else logits).numpy().argmax(axis=-1)
+            if verdict:
+                self._verdict = greedy_verify.sampler_output(argmax, spec_decode_metadata)
+            if drafter_skips_argmax:
+                argmax = None
+        elif drafter_skips_argmax:
+            argmax = None
         else:
             argmax = logits.argmax(dim=-1)
             if cfg.layout == "2d":
@@ -153,6 +165,12 @@ class LookaheadProposer:
                 host.copy_(argmax, non_blocking=True)  # read in propose(), after vLLM's bookkeeping sync
                 argmax = host
         self._captured = (list(runner.input_batch.req_ids), argmax, list(spec_decode_metadata.num_draft_tokens))
+
+    def take_verdict(self) -> Any:
+        """The ``SamplerOutput`` of the step just captured when it was verified from the argmax
+        (``greedy_verify``); None: vLLM's rejection sampler verifies it (called by runner_patch)."""
+        verdict, self._verdict = self._verdict, None
+        return verdict
 
     # Called by runner_patch inside GPUModelRunner._sample, after vLLM's own sampler.
     def finish_verification(self, runner: Any, sampler_output: Any) -> None:

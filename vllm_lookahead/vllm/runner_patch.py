@@ -8,7 +8,9 @@ the same row order that the following ``propose()`` call sees; the CPU runner in
 covers CPU and CUDA.
 
 What: wrap ``_sample`` so that, before sampling, the proposer's ``capture_verification(runner, logits,
-metadata)`` runs, and after it ``finish_verification(runner, sampler_output)`` (the 2D layout's
+metadata)`` runs, and after it ``finish_verification(runner, sampler_output)``; when the capture already
+verified a greedy step from its argmax (``take_verdict()``, ``greedy_verify.py``), that output stands in
+for vLLM's rejection sampler (the 2D layout's
 multi-candidate verifier rewrites its requests' rows there, ``lade2d.py``).  It only launches an argmax
 and an asynchronous device-to-host copy (no host sync on CUDA); the result is read in ``propose()``,
 which vLLM calls after its own bookkeeping sync.  Runners whose drafter is not ours pass straight through.
@@ -29,9 +31,15 @@ def _build_sample(original: Any) -> Any:
     def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
         drafter = getattr(self, "drafter", None)
         capture = getattr(drafter, "capture_verification", None)
+        output = None
         if capture is not None:
             capture(self, logits, spec_decode_metadata)
-        output = original(self, logits, spec_decode_metadata)
+            take = getattr(drafter, "take_verdict", None)
+            output = take() if take is not None else None  # a greedy step verified from the argmax, or None
+        if output is None:
+            output = original(self, logits, spec_decode_metadata)
+        else:
+            self.input_batch.update_async_output_token_ids()  # what vLLM's _sample does first
         finish = getattr(drafter, "finish_verification", None)
         if finish is not None:
             finish(self, output)
