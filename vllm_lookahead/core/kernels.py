@@ -499,3 +499,26 @@ def chain_step(tokens, num_tokens, rowdata, ints, floats, lastk, last_p, stats, 
     keep_drafts(slots, out_count, out_tok, out_cell, out_pc, out_src, s_last_len, s_last_tok, s_last_cells, last_p,
                 s_last_src)
     return fresh, True
+
+
+@compiled
+def greedy_verify_into(argmax, drafts, num_draft, out):  # pragma: no cover - compiled
+    """Greedy verification of one speculative step into ``out`` (``[batch, max_spec_len + 1]``, filled
+    with -1 by the caller): row i keeps the target's argmax while its draft token matched and stops at
+    the first mismatch; a row whose draft matched throughout gets its bonus row's argmax too
+    (core/verify.py).  ``argmax`` holds each request's draft positions then its bonus row."""
+    row = 0
+    d = 0
+    for i in range(num_draft.shape[0]):
+        nd = num_draft[i]
+        j = 0
+        while j < nd:
+            tok = argmax[row + j]
+            out[i, j] = tok
+            if drafts[d + j] != tok:
+                break
+            j += 1
+        if j == nd:
+            out[i, nd] = argmax[row + nd]
+        row += nd + 1
+        d += nd

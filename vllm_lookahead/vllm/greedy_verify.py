@@ -60,5 +60,6 @@ def sampler_output(argmax: np.ndarray, spec_decode_metadata: Any) -> Any:
     from vllm.v1.outputs import SamplerOutput
 
     md = spec_decode_metadata
-    tokens = greedy_verify(argmax, md.draft_token_ids.numpy(), np.asarray(md.num_draft_tokens), md.max_spec_len)
-    return SamplerOutput(sampled_token_ids=torch.from_numpy(tokens), logprobs_tensors=None)
+    tokens = torch.empty((len(md.num_draft_tokens), md.max_spec_len + 1), dtype=torch.int32)
+    greedy_verify(argmax, md.draft_token_ids.numpy(), md.num_draft_tokens, md.max_spec_len, out=tokens.numpy())
+    return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
