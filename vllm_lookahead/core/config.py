@@ -208,9 +208,10 @@ class LookaheadConfig:
     """A greedy speculative step in which nothing changes the argmax (no penalties, logit bias, min_tokens,
     bad words, logprobs; CPU float32 logits) is verified from the proposer's numpy argmax of the step's
     logits -- vLLM's greedy rule, token for token (core/verify.py) -- instead of vLLM's rejection sampler,
-    which on CPU clones the logits and runs torch's argmax (~10x numpy's time here): ~0.25 ms of a 3.6 ms
-    step at batch 1, ~1.0 ms of a 14 ms step at batch 32 (vllm/greedy_verify.py).  Any other step, and
-    every step with this off, is verified by vLLM."""
+    which on CPU clones the logits and runs torch's argmax (~10x numpy's time here): the sampling phase of
+    a step fell from 0.631 to 0.354 ms at batch 1 and from 1.596 to 0.921 ms at batch 32
+    (benchmarks/results/verify_cost_k8_open.json; vllm/greedy_verify.py).  Any other step, and every step
+    with this off, is verified by vLLM."""
     # --- LADE's 2D layout (issue 8; docs/design/lookahead-2d.md) ---
     layout: str = "chain"
     """"chain": drafts are one chain verified by vLLM's rejection sampler (the default).  "2d": LADE's
