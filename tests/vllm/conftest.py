@@ -23,3 +23,19 @@ def engine_factory(demo_model):
 
     yield make
     gc.collect()
+
+
+@pytest.fixture
+def rejection_sampler_calls(monkeypatch):
+    """``{"n": calls}`` of vLLM's ``RejectionSampler.forward`` while the test runs (reset it freely)."""
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    calls = {"n": 0}
+    forward = RejectionSampler.forward
+
+    def counted(self, *args, **kwargs):
+        calls["n"] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(RejectionSampler, "forward", counted)
+    return calls

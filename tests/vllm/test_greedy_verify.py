@@ -23,18 +23,10 @@ ARGMAX_MOVERS = {
 }
 
 
-def test_argmax_verdict_is_vllms_and_yields_to_every_argmax_mover(engine_factory, monkeypatch):
+def test_argmax_verdict_is_vllms_and_yields_to_every_argmax_mover(engine_factory, rejection_sampler_calls):
     from vllm import SamplingParams
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-    calls = {"n": 0}
-    forward = RejectionSampler.forward
-
-    def counted(self, *args, **kwargs):
-        calls["n"] += 1
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(RejectionSampler, "forward", counted)
+    calls = rejection_sampler_calls
     prompts = heldout_prompts()[:8]
     settings = {"greedy": {}, **ARGMAX_MOVERS}
     outputs: dict[str, dict[str, list]] = {}

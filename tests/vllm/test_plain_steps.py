@@ -44,18 +44,10 @@ def test_only_lookahead_steps_without_drafts_take_the_plain_path() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_steps_without_drafts_skip_the_rejection_sampler(engine_factory, monkeypatch) -> None:
+def test_steps_without_drafts_skip_the_rejection_sampler(engine_factory, rejection_sampler_calls) -> None:
     from vllm import SamplingParams
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-    calls = {"n": 0}
-    forward = RejectionSampler.forward
-
-    def counted(self, *args, **kwargs):
-        calls["n"] += 1
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(RejectionSampler, "forward", counted)
+    calls = rejection_sampler_calls
     prompts = heldout_prompts()[:6]
     sp = SamplingParams(temperature=0.0, max_tokens=16)
     outputs, sampler_calls = {}, {}
