@@ -134,15 +134,15 @@ class LookaheadProposer:
         import torch
 
         cfg = self.config
-        argmax: Any
         # a greedy step whose verdict is the plain argmax is verified here, from the numpy argmax
-        # (greedy_verify.py: vLLM's CPU rejection sampler costs ~7% of a step)
+        # (greedy_verify.py: vLLM's CPU rejection sampler clones the logits and runs torch's argmax)
         verdict = (cfg.fast_greedy_verify and cfg.layout != "2d"
                    and greedy_verify.argmax_is_the_verdict(runner, logits, spec_decode_metadata))
         # the target argmax feeds only the Jacobi iterate and the pool's trajectories, which these
         # policies skip above `pool_max_batch` rows: keep the verified counts, not the argmax
         drafter_skips_argmax = (cfg.layout != "2d" and cfg.policy in ("chain", "cost")
                                 and len(runner.input_batch.req_ids) > cfg.pool_max_batch)
+        argmax: Any = None
         if verdict or (not drafter_skips_argmax and cfg.layout != "2d" and logits.is_cpu
                        and logits.dtype == torch.float32):
             # numpy's argmax over a CPU float32 batch is ~10x faster than torch's (26 vs 310 us for
@@ -153,10 +153,8 @@ class LookaheadProposer:
             if verdict:
                 self._verdict = greedy_verify.sampler_output(argmax, spec_decode_metadata)
             if drafter_skips_argmax:
-                argmax = None
-        elif drafter_skips_argmax:
-            argmax = None
-        else:
+                argmax = None  # computed for the verdict only
+        elif not drafter_skips_argmax:
             argmax = logits.argmax(dim=-1)
             if cfg.layout == "2d":
                 self._step2d = lade2d.verify_step(logits, argmax, spec_decode_metadata)

@@ -8,10 +8,10 @@ the same row order that the following ``propose()`` call sees; the CPU runner in
 covers CPU and CUDA.
 
 What: wrap ``_sample`` so that, before sampling, the proposer's ``capture_verification(runner, logits,
-metadata)`` runs, and after it ``finish_verification(runner, sampler_output)``; when the capture already
+metadata)`` runs, and after it ``finish_verification(runner, sampler_output)`` (the 2D layout's
+multi-candidate verifier rewrites its requests' rows there, ``lade2d.py``).  When the capture already
 verified a greedy step from its argmax (``take_verdict()``, ``greedy_verify.py``), that output stands in
-for vLLM's rejection sampler (the 2D layout's
-multi-candidate verifier rewrites its requests' rows there, ``lade2d.py``).  It only launches an argmax
+for vLLM's rejection sampler.  It only launches an argmax
 and an asynchronous device-to-host copy (no host sync on CUDA); the result is read in ``propose()``,
 which vLLM calls after its own bookkeeping sync.  Runners whose drafter is not ours pass straight through.
 
