@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -351,7 +352,9 @@ def test_busy_batch_guard_drafts_only_sure_tokens_where_weak_drafts_cost_more_th
         return _periodic(i, pos) if i < 16 or noise[i][pos] is None else noise[i][pos]
 
     def run(row_cost: float) -> tuple[LookaheadDrafter, list[int]]:
-        d = LookaheadDrafter(LookaheadConfig(policy="chain", chain_strict_min_p=0.3), 4)
+        # fixed floors: the guard chooses between the configured and the strict floor (a measured floor,
+        # the default, would itself rise to the rows' price and leave "strict" nothing to win)
+        d = LookaheadDrafter(LookaheadConfig(policy="chain", chain_strict_min_p=0.3, measured_floor=False), 4)
         return d, _guarded_run(lambda n: 0.010 + row_cost * n, steps=300, truth=truth, drafter=d)
 
     costly, made = run(0.0002)
@@ -400,3 +403,69 @@ def test_missing_numba_is_a_clear_error_at_drafter_start_not_at_import():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ERROR" in r.stdout and "needs numba" in r.stdout and "vllm-lookahead[cpu]" in r.stdout, r.stdout
+
+
+def test_a_measured_floor_is_the_price_of_a_draft_row_and_drafts_less_where_rows_are_dear():
+    """``measured_floor``: once a batch-size bucket has 32 timed steps, policy "chain"'s floor there is the
+    step time a row adds times the steps' tokens/s (``DraftRowPrice``).  The same busy batch as the guard
+    tests, under two step-time laws (fake clock): where a row costs more, the measured floor is higher
+    and fewer draft tokens are made; before the bucket is measured the configured floor serves."""
+    rng = random.Random(7)
+    noise = [[rng.randrange(50) if rng.random() < 0.3 else None for _ in range(1000)] for _ in range(32)]
+
+    def truth(i: int, pos: int) -> int:  # half the rows copy a periodic text, half with 30% random tokens
+        return _periodic(i, pos) if i < 16 or noise[i][pos] is None else noise[i][pos]
+
+    def run(row_s: float) -> tuple[LookaheadDrafter, list[int]]:
+        d = LookaheadDrafter(LookaheadConfig(policy="chain", guard_batch_size=64), 4)  # no guard at 32
+        configured = d.chain_floor(32)
+        assert d.row_price.price(32) is None
+        made = _guarded_run(lambda n: 0.010 + row_s * (32 + n), steps=200, drafter=d, truth=truth)
+        price = d.row_price.summary()["32"]
+        assert price["row_ms"] == pytest.approx(1000 * row_s, rel=0.05), price
+        # the price: seconds a row adds x tokens/s of the same steps
+        assert price["price"] == pytest.approx(row_s * price["tokens_per_s"], rel=1e-6), price
+        assert d.chain_floor(32) == min(max(price["price"], d.cfg.chain_min_p), 0.5) != configured
+        assert d.chain_floor(1) == d.cfg.chain_min_p  # another bucket: still the configured floor
+        return d, made
+
+    cheap, made_cheap = run(0.00002)
+    dear, made_dear = run(0.0002)
+    assert dear.chain_floor(32) > cheap.chain_floor(32)
+    assert sum(made_dear[60:]) < sum(made_cheap[60:])
+    fixed = LookaheadDrafter(LookaheadConfig(policy="chain", guard_batch_size=64, measured_floor=False), 4)
+    _guarded_run(lambda n: 0.010 + 0.0002 * (32 + n), steps=60, drafter=fixed, truth=truth)
+    assert fixed.row_price.price(32) is None and fixed.chain_floor(32) == fixed.cfg.busy_floor(4)
+    steady = LookaheadDrafter(LookaheadConfig(policy="chain", guard_batch_size=64), 4)
+    _guarded_run(lambda n: 0.010 + 0.0002 * (32 + n), steps=60, drafter=steady)  # every row drafts k: 128 rows
+    assert steady.row_price.price(32) is None  # one step size: no slope to measure, the configured floor
+
+
+def test_draft_row_price_fits_noisy_steps_and_skips_idle_time():
+    """``DraftRowPrice`` on synthetic steps: step time = 3 ms + 0.1 ms per query row + 0.3 ms when the step
+    has drafts, 5% noise; every 50th gap is idle time (a second).  The fitted row cost and the price
+    (row cost x tokens/s) come out right, the idle gaps are not taken as steps, and nothing is priced
+    before 32 steps."""
+    from vllm_lookahead.core.cost_model import DraftRowPrice, batch_bucket
+
+    rng = np.random.default_rng(0)
+    price = DraftRowPrice()
+    tokens_total = seconds_total = 0.0
+    for i in range(400):
+        drafts = int(rng.integers(0, 9))
+        t = (0.003 + 0.0001 * (1 + drafts) + (0.0003 if drafts else 0.0)) * (1 + 0.05 * rng.standard_normal())
+        tokens = 1 + int(rng.integers(0, drafts + 1))
+        if i < 31:
+            assert price.price(1) is None
+        if i % 50 == 49:
+            price.observe(1, drafts, tokens, 1.0)  # idle: the engine waited for work
+            continue
+        price.observe(1, drafts, tokens, t)
+        if i >= 400 - 256:
+            tokens_total += tokens
+            seconds_total += t
+    got = price.summary()["1"]
+    assert got["row_ms"] == pytest.approx(0.1, rel=0.15), got
+    assert got["tokens_per_s"] == pytest.approx(tokens_total / seconds_total, rel=0.05), got
+    assert price.price(1) == pytest.approx(0.0001 * tokens_total / seconds_total, rel=0.15)
+    assert price.price(2) is None and [batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 33)] == [1, 2, 4, 8, 8, 16, 64]

@@ -154,6 +154,15 @@ class LookaheadConfig:
     benchmarks/results/busy015_{open,copy}_64_r5.json, an AVX-512 host; 0.3 had been compared with 0.05
     only, on the AVX2 host).  A number here is used at every k; raise it where draft rows cost more (the floor then
     rises with the batch)."""
+    measured_floor: bool = True
+    """Policy "chain": once the engine has timed enough of its own pure decode steps at a batch size
+    (32, per power-of-two bucket of running requests), the floor there is the measured price of a draft
+    row -- the step time one row adds (a robust fit of step time against query rows) times the tokens/s of
+    those steps (``core.cost_model.DraftRowPrice``) -- at least `chain_min_p`, at most 0.5.  Why: a draft
+    token pays exactly when its commit probability beats that price, and the price depends on the
+    hardware, the model, the prompts and the batch, which fixed floors can only guess (the ones above are
+    tuned on this project's 2-core CPU and serve until the bucket is measured).  False: the fixed floors
+    always."""
     chain_strict_min_p: float = 0.0
     """Policy "chain" above `guard_batch_size` running requests: the floor of the guard's "strict" mode
     (opt-in; at or below `chain_busy_min_p`, as by default, it is not tried).  With it the guard measures

@@ -114,3 +114,121 @@ class StepCostModel:
     def summary(self) -> dict[str, float]:
         return {"a_ms": 1000 * self.a, "b_ms_per_row": 1000 * self.b, "s_ms": 1000 * self.s,
                 "samples": len(self._samples), "fitted": float(self.fitted)}
+
+
+MIN_ROWS_SPREAD = 1.0
+"""``DraftRowPrice`` prices a bucket only while its steps' query rows vary by at least this much (standard
+deviation): a row's cost is the slope of step time against rows, which steps of one size cannot show."""
+
+
+def _median(a: np.ndarray) -> float:
+    """The (upper) median, by one partition: np.median's overhead is most of its time on ~256 values."""
+    k = len(a) // 2
+    return float(np.partition(a, k)[k])
+
+
+def batch_bucket(rows: int) -> int:
+    """The batch-size bucket of a step with ``rows`` running requests: the next power of two (1, 2, 4, 8,
+    16, 32, ...), so that 5-8 requests share one estimate -- the tail of a batch of 8 is the same regime."""
+    return 1 << (max(rows, 1) - 1).bit_length()
+
+
+class DraftRowPrice:
+    """The commit probability a draft token must beat to pay for its row, measured per batch-size bucket.
+
+    Why: a draft token adds one query row to the step.  Over a run, tokens/s = tokens / time, and one more
+    row with commit probability p raises it iff  p > (step time one row adds) x (tokens/s)  -- the
+    row's *price*.  Both factors depend on the hardware, the model, the prompts and the batch (on this
+    project's 2-core CPU a draft token added 0.093 ms to a step at batch 1 and 0.051 ms at batch 32,
+    benchmarks/results/draft_row_cost.json, while tokens/s grows with the batch; on a memory-bound GPU a
+    row is nearly free), so the engine measures them per bucket, over its last ``window`` pure decode
+    steps: the cost of a row is the slope of step time against query rows (least squares, again without
+    the first fit's outliers; steps without drafts, which skip vLLM's spec-decode work, get their own
+    intercept), and tokens/s is the same steps' committed tokens over their time.  ``price(rows)`` is None
+    until a bucket has ``min_steps`` steps whose rows vary (``MIN_ROWS_SPREAD``): the configured floors
+    serve until then."""
+
+    def __init__(self, window: int = 256, min_steps: int = 32, refit_every: int = 32) -> None:
+        self.window = window
+        self.min_steps = min_steps
+        self.refit_every = refit_every
+        # bucket -> ring buffer of its latest steps, one per row: query rows, drafted (0/1), tokens, seconds;
+        # steps written in all, steps since the last fit
+        self._steps: dict[int, np.ndarray] = {}
+        self._written: dict[int, int] = {}
+        self._since_fit: dict[int, int] = {}
+        self._idle_s: dict[int, float] = {}  # a gap longer than this is idle time (4x the median step)
+        self._fit: dict[int, tuple[float, float]] = {}  # bucket -> (seconds per row, tokens/s)
+        self._price: dict[int, float] = {}
+        self.version = 0  # bumped whenever a price changes (callers cache floors by it)
+
+    def observe(self, rows: int, drafts: int, tokens: int, seconds: float) -> None:
+        """A pure decode step of ``rows`` requests and ``drafts`` draft rows committed ``tokens`` in ``seconds``.
+        (On every engine step: a few scalar writes; the fit runs every ``refit_every`` steps.)"""
+        if rows <= 0 or tokens <= 0 or seconds <= 0:
+            return
+        bucket = batch_bucket(rows)
+        buf = self._steps.get(bucket)
+        if buf is None:
+            buf = self._steps[bucket] = np.zeros((self.window, 4))
+            self._written[bucket] = self._since_fit[bucket] = 0
+        if seconds > self._idle_s.get(bucket, float("inf")):
+            return  # the engine sat idle between two calls (or the machine stalled): not a step time
+        written = self._written[bucket]
+        buf[written % self.window] = (rows + drafts, 1.0 if drafts else 0.0, tokens, seconds)
+        self._written[bucket] = written + 1
+        self._since_fit[bucket] += 1
+        if written + 1 >= self.min_steps and (bucket not in self._fit or self._since_fit[bucket] >= self.refit_every):
+            self._since_fit[bucket] = 0
+            self._refit(bucket)
+
+    def _refit(self, bucket: int) -> None:
+        """Row cost (least squares via the normal equations, then again without the first fit's outliers)
+        and tokens/s of the bucket's window -- ~0.1 ms, every ``refit_every`` steps."""
+        data = self._steps[bucket][: min(self._written[bucket], self.window)]
+        rows, drafted, tokens, t = data.T
+        self._idle_s[bucket] = 4.0 * _median(t)
+        tokens_per_s = float(tokens.sum() / t.sum())
+        price: float | None = None
+        row_s = float("nan")
+        if float(rows.std()) >= MIN_ROWS_SPREAD:
+            n_drafted = float(drafted.sum())
+            # steps with and without drafts (which skip vLLM's spec-decode work): two intercepts
+            both = 4 <= n_drafted <= len(t) - 4
+            x = np.stack([np.ones_like(rows), rows, drafted] if both else [np.ones_like(rows), rows], axis=1)
+            keep = np.ones(len(t), dtype=bool)
+            coef = None
+            for _ in range(2):
+                xk, tk = x[keep], t[keep]
+                try:
+                    coef = np.linalg.solve(xk.T @ xk, xk.T @ tk)
+                except np.linalg.LinAlgError:
+                    break
+                res = t - x @ coef
+                keep = np.abs(res - _median(res)) <= 4.0 * 1.4826 * (_median(np.abs(res - _median(res))) + 1e-12)
+                if keep.sum() < self.min_steps // 2:
+                    break
+            if coef is not None:
+                row_s = max(float(coef[1]), 0.0)  # a negative slope is noise: rows are then about free
+                price = row_s * tokens_per_s
+        self._fit[bucket] = (row_s, tokens_per_s)
+        if price is None:
+            if self._price.pop(bucket, None) is not None:
+                self.version += 1
+        elif self._price.get(bucket) != price:
+            self._price[bucket] = price
+            self.version += 1
+
+    def price(self, rows: int) -> float | None:
+        """The measured price of a draft row in a step of ``rows`` requests (None: not measured yet)."""
+        return self._price.get(batch_bucket(rows))
+
+    def summary(self) -> dict[str, dict[str, float | None]]:
+        out: dict[str, dict[str, float | None]] = {}
+        for bucket in sorted(self._steps):
+            row_s, tokens_per_s = self._fit.get(bucket, (float("nan"), float("nan")))
+            out[str(bucket)] = {"price": self._price.get(bucket),
+                                "row_ms": None if row_s != row_s else 1000 * row_s,
+                                "tokens_per_s": None if tokens_per_s != tokens_per_s else tokens_per_s,
+                                "steps": min(self._written[bucket], self.window)}
+        return out

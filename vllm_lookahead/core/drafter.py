@@ -37,7 +37,7 @@ from .batch_rows import BatchRows
 from .chain import CTX0, DEPTHS, MEM0, SOURCE_MEMORY, AcceptanceTable, propose_chain
 from .config import LookaheadConfig
 from .context_index import ContextIndex
-from .cost_model import StepCostModel, threshold_allocate
+from .cost_model import DraftRowPrice, StepCostModel, threshold_allocate
 from .jit import load_kernels
 from .pool import NGramPool
 from .state import SOURCE_CONTEXT, SOURCE_NONE, RequestState
@@ -66,6 +66,9 @@ _NO_MEMORY = (_NO_KEYS, np.zeros((4, 1), dtype=np.int32), _NO_KEYS, np.zeros((3,
               np.zeros(3, dtype=np.int64))
 
 _KERNELS_READY = False  # compile_kernels() ran in this process
+MAX_MEASURED_FLOOR = 0.5
+"""A measured floor (``measured_floor``) is capped here: a token committed more often than not always pays
+for its row on the hardware this was measured on, and a price above it is more likely a noisy fit."""
 
 
 def compile_kernels() -> None:
@@ -125,6 +128,7 @@ class LookaheadDrafter:
         # step_arrays' last batch (request ids in row order, their set, slots) while no row changed
         self._batch_rows: tuple[list[str], set[str], list[int]] | None = None
         self._floors: dict[tuple[int, str], float] = {}  # (rows, guard mode) -> floor (step_arrays)
+        self._floors_version = 0  # the row_price version the cached floors were made with
         # the engine-wide n-gram pool: the "ema" policy's fill and the 2D layout's shared candidates
         self.shared = (NGramPool(cfg.ngram, cfg.pool_size, cfg.shared_pool_keys)
                        if cfg.shared_pool_keys > 0 and (cfg.policy == "ema" or cfg.lade_shared_candidates)
@@ -157,6 +161,11 @@ class LookaheadDrafter:
                         np.array([self.table.weight, self.table.cap, 0.0], dtype=np.float64))
         self.cost = StepCostModel(margin=cfg.cost_margin)
         self.clock = time.perf_counter  # replaceable in tests
+        # policy "chain" with measured_floor: the price of a draft row per batch-size bucket, from the
+        # engine's own steps; (rows, draft rows, ids, start) of the step being timed
+        self.row_price = DraftRowPrice()
+        self._measure_price = cfg.policy == "chain" and cfg.measured_floor
+        self._price_last: tuple[int, int, set[str], float] | None = None
         self._last_step: tuple[set[str], int, int, float] | None = None  # ids, rows, drafts, start time
         self.last_budget = 0  # draft tokens given to the batch in the last step
         # policies "chain" and "ema" above guard_batch_size: the guard's mode, measured per batch-size bucket
@@ -182,11 +191,16 @@ class LookaheadDrafter:
         if not self._table_fresh:
             self.table.refresh()
             self._table_fresh = True
-        mode = self._guard(live, [len(r.new_tokens) for r in rows]) if self.cfg.policy != "cost" else "chain"
+        new_counts = [len(r.new_tokens) for r in rows]
+        now = self._price_tick(live, new_counts)
+        mode = self._guard(live, new_counts) if self.cfg.policy != "cost" else "chain"
         if mode == "off":
+            self._price_mark(len(rows), 0, live, now)
             return self._off(rows)
         if self.cfg.policy in ("chain", "cost"):
-            return self._step_cost(rows, live, strict=mode == "strict")
+            drafts = self._step_cost(rows, live, strict=mode == "strict")
+            self._price_mark(len(rows), self.last_budget, live, now)
+            return drafts
         states = []
         for row in rows:
             st = self._state(row)
@@ -222,8 +236,10 @@ class LookaheadDrafter:
                              f"{len(req_ids)} rows of policy {self.cfg.policy!r}")
         b, n = self.batch, len(req_ids)
         new_counts = [len(t) for t in new_tokens]
-        mode, slots_l = self._slots_for(req_ids, new_counts, prompt_lens, key_of)
+        mode, slots_l, live = self._slots_for(req_ids, new_counts, prompt_lens, key_of)
+        now = self._price_tick(live, new_counts)
         if mode == "off":
+            self._price_mark(n, 0, live, now)
             self.last_budget = 0
             slots = np.array([x for x in slots_l if x >= 0], dtype=np.int64)
             b.last_len[slots] = 0
@@ -231,6 +247,9 @@ class LookaheadDrafter:
             return [[] for _ in req_ids]
         kern, table, memory, cfg, k = load_kernels(), self.table, self.memory, self.cfg, self.k
         rowdata = np.array((slots_l, new_counts, verified), dtype=np.int64)
+        if self._floors_version != self.row_price.version:  # a bucket's measured price changed
+            self._floors.clear()
+            self._floors_version = self.row_price.version
         floor = self._floors.get((n, mode))
         if floor is None:
             floor = self._floors[(n, mode)] = (max(self.chain_floor(n), cfg.chain_strict_min_p) if mode == "strict"
@@ -260,12 +279,13 @@ class LookaheadDrafter:
         counts = meta[2] if kept else self._keep_within_budget(rowdata[0], floor)
         self._table_fresh = False
         self.last_budget = sum(counts)
+        self._price_mark(n, self.last_budget, live, now)
         return [t[:c] for t, c in zip(out_tok.tolist(), counts)]
 
     def _slots_for(self, req_ids: list[str], new_counts: list[int], prompt_lens: np.ndarray,
-                   key_of: Callable[[str], Hashable]) -> tuple[str, list[int]]:
-        """``step_arrays``' bookkeeping: the guard's mode for this step and each row's slot (-1: not
-        taken in, in an "off" step).  A steady batch -- the same requests in the same rows as the last
+                   key_of: Callable[[str], Hashable]) -> tuple[str, list[int], set[str]]:
+        """``step_arrays``' bookkeeping: the guard's mode for this step, each row's slot (-1: not
+        taken in, in an "off" step) and the set of request ids.  A steady batch -- the same requests in the same rows as the last
         step -- reuses that step's slots; otherwise the requests that left are retired and the new rows
         admitted (``_admit``)."""
         b = self.batch
@@ -286,7 +306,7 @@ class LookaheadDrafter:
                 self._admit(req_ids, slots_l, prompt_lens, key_of)
             if -1 not in slots_l:
                 self._batch_rows = (list(req_ids), live, slots_l)
-        return mode, slots_l
+        return mode, slots_l, live
 
     def _keep_within_budget(self, slots: np.ndarray, floor: float) -> list[int]:
         """``step_arrays`` when the drafts exceed ``max_batch_draft_tokens``: the most probable draft
@@ -371,6 +391,24 @@ class LookaheadDrafter:
             if st is not None:
                 st.last_draft, st.last_cells, st.last_p, st.last_source = [], [], [], SOURCE_NONE
         return [[] for _ in rows]
+
+    def _price_tick(self, live: set[str], new_counts: list[int]) -> float:
+        """With ``measured_floor``: credit the step just done to ``row_price`` (its rows, draft rows,
+        committed tokens and time between two calls) and return the clock.  As for the guard, only pure
+        decode steps count -- every row committed tokens and none joined (a joining request prefilled in
+        the step, which costs time no draft row explains)."""
+        if not self._measure_price:
+            return 0.0
+        now = self.clock()
+        last = self._price_last
+        if last is not None and live <= last[2] and all(new_counts):
+            self.row_price.observe(last[0], last[1], sum(new_counts), now - last[3])
+        return now
+
+    def _price_mark(self, rows: int, drafts: int, live: set[str], now: float) -> None:
+        """Start timing the step that runs these ``rows`` and ``drafts`` (``_price_tick`` credits it)."""
+        if self._measure_price:
+            self._price_last = (rows, drafts, live, now)
 
     def _guard(self, live: set[str], new_counts: list[int]) -> str:
         """Policies "chain" and "ema": "chain" (draft as configured), "strict" (policy "chain": draft at the
@@ -560,8 +598,15 @@ class LookaheadDrafter:
         the tokens the step's time would serve otherwise (p >= cost of one row x tokens/s), and the
         batch's tokens/s grows with the batch.  On the 2-core CPU a step's time hardly grows with its
         draft rows at k <= 4, so the default keeps it flat there, and raises it with longer drafts
-        (``LookaheadConfig.busy_floor``)."""
+        (``LookaheadConfig.busy_floor``).  With ``measured_floor`` (the default) that rule is applied to
+        the engine's own measurements once a batch-size bucket has them: the floor is the measured price
+        of a draft row (``DraftRowPrice``), at least ``chain_min_p`` and at most ``MAX_MEASURED_FLOOR``; the
+        configured floors serve until then."""
         lo, hi, top = self.cfg.chain_min_p, self.cfg.busy_floor(self.k), self.cfg.batch_size_threshold
+        if self._measure_price:
+            price = self.row_price.price(batch)
+            if price is not None:  # measured: never below chain_min_p, never above MAX_MEASURED_FLOOR
+                return min(max(price, lo), MAX_MEASURED_FLOOR)
         if batch >= top:
             return hi
         return lo + (hi - lo) * max(0, batch - 1) / max(1, top - 1)
@@ -592,4 +637,5 @@ class LookaheadDrafter:
                 "by_source": {k: {"drafted": d, "accepted": a} for k, (d, a) in sorted(by_source.items())},
                 "memory_tokens": len(self.memory) if self.memory is not None else 0,
                 "cost_model": self.cost.summary(),
+                "row_price": self.row_price.summary() if self._measure_price else None,
                 "guard": {str(b): a.summary() for b, a in self.guards.items()}}
