@@ -425,7 +425,7 @@ def test_a_measured_floor_is_the_price_of_a_draft_row_and_drafts_less_where_rows
         assert price["row_ms"] == pytest.approx(1000 * row_s, rel=0.05), price
         # the price: seconds a row adds x tokens/s of the same steps
         assert price["price"] == pytest.approx(row_s * price["tokens_per_s"], rel=1e-6), price
-        assert d.chain_floor(32) == min(max(price["price"], d.cfg.chain_min_p), 0.5) != configured
+        assert d.chain_floor(32) == max(min(price["price"], 0.5), d.cfg.chain_min_p) != configured
         assert d.chain_floor(1) == d.cfg.chain_min_p  # another bucket: still the configured floor
         return d, made
 

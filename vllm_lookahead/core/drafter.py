@@ -600,13 +600,13 @@ class LookaheadDrafter:
         draft rows at k <= 4, so the default keeps it flat there, and raises it with longer drafts
         (``LookaheadConfig.busy_floor``).  With ``measured_floor`` (the default) that rule is applied to
         the engine's own measurements once a batch-size bucket has them: the floor is the measured price
-        of a draft row (``DraftRowPrice``), at least ``chain_min_p`` and at most ``MAX_MEASURED_FLOOR``; the
-        configured floors serve until then."""
+        of a draft row (``DraftRowPrice``) capped at ``MAX_MEASURED_FLOOR``, and never below ``chain_min_p``
+        (so ``chain_min_p=1.0`` still means no drafts); the configured floors serve until then."""
         lo, hi, top = self.cfg.chain_min_p, self.cfg.busy_floor(self.k), self.cfg.batch_size_threshold
         if self._measure_price:
             price = self.row_price.price(batch)
-            if price is not None:  # measured: never below chain_min_p, never above MAX_MEASURED_FLOOR
-                return min(max(price, lo), MAX_MEASURED_FLOOR)
+            if price is not None:  # measured: capped at MAX_MEASURED_FLOOR, never below chain_min_p
+                return max(min(price, MAX_MEASURED_FLOOR), lo)
         if batch >= top:
             return hi
         return lo + (hi - lo) * max(0, batch - 1) / max(1, top - 1)
