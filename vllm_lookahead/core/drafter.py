@@ -67,8 +67,9 @@ _NO_MEMORY = (_NO_KEYS, np.zeros((4, 1), dtype=np.int32), _NO_KEYS, np.zeros((3,
 
 _KERNELS_READY = False  # compile_kernels() ran in this process
 MAX_MEASURED_FLOOR = 0.5
-"""A measured floor (``measured_floor``) is capped here: a token committed more often than not always pays
-for its row on the hardware this was measured on, and a price above it is more likely a noisy fit."""
+"""A measured floor (``measured_floor``) is capped here: the highest price measured on this project's CPU
+was 0.411 (batch 32, benchmarks/results/measured_k8_open_64_r5.json), and a price above 0.5 -- drafting
+only tokens committed more often than not -- is more likely a noisy fit than a row that dear."""
 
 
 def compile_kernels() -> None:
@@ -284,10 +285,10 @@ class LookaheadDrafter:
 
     def _slots_for(self, req_ids: list[str], new_counts: list[int], prompt_lens: np.ndarray,
                    key_of: Callable[[str], Hashable]) -> tuple[str, list[int], set[str]]:
-        """``step_arrays``' bookkeeping: the guard's mode for this step, each row's slot (-1: not
-        taken in, in an "off" step) and the set of request ids.  A steady batch -- the same requests in the same rows as the last
-        step -- reuses that step's slots; otherwise the requests that left are retired and the new rows
-        admitted (``_admit``)."""
+        """``step_arrays``' bookkeeping: the guard's mode for this step, each row's slot (-1: not taken in,
+        in an "off" step) and the set of request ids.  A steady batch -- the same requests in the same rows
+        as the last step -- reuses that step's slots; otherwise the requests that left are retired and the
+        new rows admitted (``_admit``)."""
         b = self.batch
         same = self._batch_rows
         if same is not None and req_ids == same[0]:
@@ -600,8 +601,8 @@ class LookaheadDrafter:
         draft rows at k <= 4, so the default keeps it flat there, and raises it with longer drafts
         (``LookaheadConfig.busy_floor``).  With ``measured_floor`` (the default) that rule is applied to
         the engine's own measurements once a batch-size bucket has them: the floor is the measured price
-        of a draft row (``DraftRowPrice``) capped at ``MAX_MEASURED_FLOOR``, and never below ``chain_min_p``
-        (so ``chain_min_p=1.0`` still means no drafts); the configured floors serve until then."""
+        of a draft row (``DraftRowPrice``) capped at ``MAX_MEASURED_FLOOR``, and never below ``chain_min_p``;
+        the configured floors serve until then."""
         lo, hi, top = self.cfg.chain_min_p, self.cfg.busy_floor(self.k), self.cfg.batch_size_threshold
         if self._measure_price:
             price = self.row_price.price(batch)
