@@ -469,3 +469,24 @@ def test_draft_row_price_fits_noisy_steps_and_skips_idle_time():
     assert got["tokens_per_s"] == pytest.approx(tokens_total / seconds_total, rel=0.05), got
     assert price.price(1) == pytest.approx(0.0001 * tokens_total / seconds_total, rel=0.15)
     assert price.price(2) is None and [batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 33)] == [1, 2, 4, 8, 8, 16, 64]
+
+
+def test_draft_row_price_is_not_fooled_by_a_machine_that_slows_down_as_drafts_grow():
+    """On a shared machine step times drift (neighbours, frequency) while the draft rows drift too (the
+    output memory fills): here a step gains 2 ms over the window as the drafts grow from ~1 to ~7 tokens,
+    on top of 3 ms + 0.1 ms per query row.  A fit of levels would credit the drift to the rows; the fit of
+    consecutive differences (``DraftRowPrice._refit``) recovers the row's 0.1 ms."""
+    from vllm_lookahead.core.cost_model import DraftRowPrice
+
+    rng = np.random.default_rng(1)
+    price = DraftRowPrice()
+    rows_seen, times = [], []
+    for i in range(256):
+        drafts = int(np.clip(round(1 + 6 * i / 256 + rng.normal(0, 1.5)), 0, 8))
+        t = 0.003 + 0.0001 * (1 + drafts) + 0.002 * i / 256 + 0.00005 * rng.standard_normal()
+        price.observe(1, drafts, 1 + drafts // 2, t)
+        rows_seen.append(1 + drafts)
+        times.append(t)
+    levels_slope = np.polyfit(rows_seen, times, 1)[0]
+    assert levels_slope > 0.00015  # the drift makes a fit of levels see 50%+ dearer rows
+    assert price.summary()["1"]["row_ms"] == pytest.approx(0.1, rel=0.15), price.summary()

@@ -117,8 +117,9 @@ class StepCostModel:
 
 
 MIN_ROWS_SPREAD = 1.0
-"""``DraftRowPrice`` prices a bucket only while its steps' query rows vary by at least this much (standard
-deviation): a row's cost is the slope of step time against rows, which steps of one size cannot show."""
+"""``DraftRowPrice`` prices a bucket only while its query rows change from step to step by at least this much
+(standard deviation of the change): a row's cost is the slope of step time against rows, which steps of
+one size cannot show."""
 
 
 def _median(a: np.ndarray) -> float:
@@ -142,11 +143,10 @@ class DraftRowPrice:
     project's 2-core CPU a draft token added 0.093 ms to a step at batch 1 and 0.051 ms at batch 32,
     benchmarks/results/draft_row_cost.json, while tokens/s grows with the batch; on a memory-bound GPU a
     row is nearly free), so the engine measures them per bucket, over its last ``window`` pure decode
-    steps: the cost of a row is the slope of step time against query rows (least squares, again without
-    the first fit's outliers; steps without drafts, which skip vLLM's spec-decode work, get their own
-    intercept), and tokens/s is the same steps' committed tokens over their time.  ``price(rows)`` is None
-    until a bucket has ``min_steps`` steps whose rows vary (``MIN_ROWS_SPREAD``): the configured floors
-    serve until then."""
+    steps: the cost of a row is the slope of step time against query rows, fitted on consecutive steps'
+    differences (``_refit`` says why), and tokens/s is the same steps' committed tokens over their time.
+    ``price(rows)`` is None until a bucket has ``min_steps`` steps whose rows vary from step to step
+    (``MIN_ROWS_SPREAD``): the configured floors serve until then."""
 
     def __init__(self, window: int = 256, min_steps: int = 32, refit_every: int = 32) -> None:
         self.window = window
@@ -183,33 +183,43 @@ class DraftRowPrice:
             self._refit(bucket)
 
     def _refit(self, bucket: int) -> None:
-        """Row cost (least squares via the normal equations, then again without the first fit's outliers)
-        and tokens/s of the bucket's window -- ~0.1 ms, every ``refit_every`` steps."""
-        data = self._steps[bucket][: min(self._written[bucket], self.window)]
+        """Row cost and tokens/s of the bucket's window -- ~0.1 ms, every ``refit_every`` steps.
+
+        The row cost is fitted on *consecutive differences* (step i+1 minus step i: change in step time
+        against change in query rows, and in whether the step drafted), by least squares via the normal
+        equations, then again without the first fit's outliers.  Why differences: on a shared machine the
+        speed drifts (neighbours, frequency) over tens of steps, and the draft rows drift too as the output
+        memory fills, so a fit of levels credits the machine's drift to the rows (on this project's VM it
+        priced one bucket at 0 in one run and 0.07 in the next); two consecutive steps share the machine's
+        state, and their difference cancels it."""
+        written = self._written[bucket]
+        data = self._steps[bucket][: min(written, self.window)]
+        if written > self.window:  # the ring buffer in time order
+            data = np.roll(data, -(written % self.window), axis=0)
         rows, drafted, tokens, t = data.T
         self._idle_s[bucket] = 4.0 * _median(t)
         tokens_per_s = float(tokens.sum() / t.sum())
+        d_rows, d_drafted, d_t = np.diff(rows), np.diff(drafted), np.diff(t)
         price: float | None = None
         row_s = float("nan")
-        if float(rows.std()) >= MIN_ROWS_SPREAD:
-            n_drafted = float(drafted.sum())
-            # steps with and without drafts (which skip vLLM's spec-decode work): two intercepts
-            both = 4 <= n_drafted <= len(t) - 4
-            x = np.stack([np.ones_like(rows), rows, drafted] if both else [np.ones_like(rows), rows], axis=1)
-            keep = np.ones(len(t), dtype=bool)
+        if float(d_rows.std()) >= MIN_ROWS_SPREAD:
+            # steps with and without drafts (which skip vLLM's spec-decode work): that switch has its own term
+            both = np.count_nonzero(d_drafted) >= 4
+            x = np.stack([d_rows, d_drafted], axis=1) if both else d_rows[:, None]
+            keep = np.ones(len(d_t), dtype=bool)
             coef = None
             for _ in range(2):
-                xk, tk = x[keep], t[keep]
+                xk, tk = x[keep], d_t[keep]
                 try:
                     coef = np.linalg.solve(xk.T @ xk, xk.T @ tk)
                 except np.linalg.LinAlgError:
                     break
-                res = t - x @ coef
+                res = d_t - x @ coef
                 keep = np.abs(res - _median(res)) <= 4.0 * 1.4826 * (_median(np.abs(res - _median(res))) + 1e-12)
                 if keep.sum() < self.min_steps // 2:
                     break
             if coef is not None:
-                row_s = max(float(coef[1]), 0.0)  # a negative slope is noise: rows are then about free
+                row_s = max(float(coef[0]), 0.0)  # a negative slope is noise: rows are then about free
                 price = row_s * tokens_per_s
         self._fit[bucket] = (row_s, tokens_per_s)
         if price is None:
