@@ -37,7 +37,7 @@ from .batch_rows import BatchRows
 from .chain import CTX0, DEPTHS, MEM0, SOURCE_MEMORY, AcceptanceTable, propose_chain
 from .config import LookaheadConfig
 from .context_index import ContextIndex
-from .cost_model import DraftRowPrice, StepCostModel, threshold_allocate
+from .cost_model import DraftRowPrice, StepCostModel, batch_bucket, threshold_allocate
 from .jit import load_kernels
 from .pool import NGramPool
 from .state import SOURCE_CONTEXT, SOURCE_NONE, RequestState
@@ -429,7 +429,7 @@ class LookaheadDrafter:
         cfg = self.cfg
         if len(new_counts) <= cfg.guard_batch_size or not any(new_counts):
             return "chain"
-        bucket = 1 << (len(new_counts) - 1).bit_length()
+        bucket = batch_bucket(len(new_counts))
         arbiter = self.guards.get(bucket)
         if arbiter is None:
             strict = cfg.policy == "chain" and cfg.chain_strict_min_p > self.chain_floor(bucket)
