@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.bench import _aggregate, _load, _mark_exact, add_vs_best_baseline, machine
+from vllm_lookahead.bench import (
+    _aggregate,
+    _load,
+    _mark_exact,
+    add_vs_best_baseline,
+    interleave_chunk,
+    interleaved_order,
+    machine,
+)
 from vllm_lookahead.decoders import SpecError, parse_spec
 
 pytestmark = pytest.mark.unit
@@ -91,3 +99,21 @@ def test_load_record_holds_the_cpu_time_stolen_by_the_hypervisor():
     assert {"loadavg_1m", "cpu_steal_s", "time"} <= set(a)
     if sys.platform.startswith("linux"):
         assert isinstance(a["cpu_steal_s"], float) and 0.0 <= a["cpu_steal_s"] <= b["cpu_steal_s"]
+
+
+def test_interleaved_chunks_run_every_prompt_on_every_method_chunk_by_chunk():
+    """``--interleave chunks``: each chunk of prompts runs on every method before the next chunk (so the
+    methods of a chunk share the machine's state of those seconds), every method sees every prompt
+    once and in order, and the first method rotates from chunk to chunk and from repeat to repeat."""
+    for n, m, chunk, start in ((10, 3, 4, 0), (64, 4, 16, 1), (5, 1, 4, 2), (8, 2, 8, 1)):
+        order = interleaved_order(n, m, chunk, start)
+        assert len(order) == m * -(-n // chunk)
+        for i in range(m):  # each method: the chunks in order, covering 0..n exactly once
+            spans = [(lo, hi) for j, lo, hi in order if j == i]
+            assert [x for lo, hi in spans for x in range(lo, hi)] == list(range(n))
+        for c in range(0, len(order), m):  # one chunk = every method once, on the same prompts
+            block = order[c : c + m]
+            assert sorted(j for j, _, _ in block) == list(range(m))
+            assert len({(lo, hi) for _, lo, hi in block}) == 1
+            assert block[0][0] == (start + c // m) % m  # the first method rotates
+    assert [interleave_chunk(b) for b in (1, 2, 8, 32)] == [4, 4, 16, 64]

@@ -84,19 +84,22 @@ def test_importing_the_package_does_not_import_vllm():
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("batching", ["continuous", "static"])
-def test_bench_end_to_end_writes_json_and_plot(tmp_path, batching):
+@pytest.mark.parametrize("batching,interleave", [("continuous", "methods"), ("static", "methods"),
+                                                  ("continuous", "chunks")])
+def test_bench_end_to_end_writes_json_and_plot(tmp_path, batching, interleave):
     """A tiny real run of the benchmark: every method and batch size reported, outputs identical to
-    `none`, lookahead's proposer profiled, JSON + plot written."""
+    `none`, lookahead's proposer profiled, JSON + plot written -- also with the methods' engines side
+    by side, interleaved by chunks of prompts (6 prompts: chunks of 4 and 2 at batch 1, one of 6 at 3)."""
     import json
 
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, "-m", "vllm_lookahead.cli", "bench", "--prompts", "open", "--n", "6",
                         "--methods", "none lookahead:k=4", "--batch-sizes", "1,3", "--max-tokens", "12",
-                        "--batching", batching, "--json", str(out)], capture_output=True, text=True, timeout=900)
+                        "--batching", batching, "--interleave", interleave, "--json", str(out)],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(out.read_text())
-    assert rep["batching"] == batching and rep["n_prompts"] == 6
+    assert rep["batching"] == batching and rep["n_prompts"] == 6 and rep["interleave"] == interleave
     by = {x["method"]: x["by_batch_size"] for x in rep["results"]}
     assert set(by) == {"none", "lookahead:k=4"} and set(by["none"]) == {"1", "3"}
     for bs in ("1", "3"):

@@ -19,6 +19,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run every method N times, interleaved (repeat 1 of every method, then repeat 2, ...; "
                          "the method order rotates each repeat), and report the median tokens/s with min/max "
                          "per method and batch size, plus each repeat's speed-up over `none` of the same repeat")
+    ap.add_argument("--interleave", choices=["methods", "chunks"], default="methods",
+                    help="methods (default): within a repeat, each method runs all its batch sizes on its own, one "
+                         "after the other; chunks: per batch size, every method's engine is built side by side and "
+                         "the prompts run in chunks of max(4, 2 x batch size) requests, each chunk on every method "
+                         "in turn (rotating the first) -- methods compared on nearly the same machine state, for "
+                         "VMs whose speed drifts over seconds")
     return ap
 
 
@@ -83,41 +90,42 @@ def percentile(values: list[float], q: float) -> float | None:
 WARMUP_PROMPTS = ["def warm_up(x):\n    return x + 1\n", "import sys\n\nprint(sys.argv)\n"]
 
 
-def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list[int], args) -> dict[str, Any]:
-    from vllm import SamplingParams
+class _Measured:
+    """One method's measurements at one batch size, summed over the ``generate`` calls that made them
+    (one call per run; one per chunk with ``--interleave chunks``)."""
 
-    from vllm_lookahead.vllm import lade2d
-    from vllm_lookahead.vllm import proposer as proposer_mod
+    def __init__(self) -> None:
+        self.outs: list[Any] = []
+        self.wall = self.step_seconds = self.proposer_seconds = 0.0
+        self.steps = self.proposer_calls = self.proposer_rows = 0
+        self.lade2d = {"steps": 0, "fallbacks": 0, "fixups": 0, "accepted": 0, "rows": 0}
 
-    spec = parse_spec(spec_text)
-    tok_limit = args.max_tokens
-    sp = SamplingParams(temperature=0.0, max_tokens=tok_limit)
-    results: dict[str, Any] = {"method": spec.text, "by_batch_size": {}}
-    llm = None
-    for bs in batch_sizes:
-        # A fresh engine per batch size: a decoder with cross-request memory (suffix decoding's global
-        # tree, prefix caching) must not see the outputs of the previous batch size's run of the very
-        # same prompts.  Warm-up (first-call allocations) on prompts outside the measured set.
-        del llm
-        gc.collect()
-        proposer_mod.PROFILE.drafter = None
-        llm = make_llm(model, spec, dtype=args.dtype, seed=args.seed, enforce_eager=not args.compile,
-                       max_num_seqs=bs if args.batching == "continuous" else max(batch_sizes), max_model_len=2048,
-                       extra={"attention_backend": args.attention_backend} if args.attention_backend else None)
-        if bs == batch_sizes[0]:
-            max_prompt = 2048 - tok_limit - spec.k - 8
-            tokenizer = llm.get_tokenizer()
-            prompts = [p for p in prompts if len(tokenizer.encode(p)) <= max_prompt]
-        llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
-        proposer_mod.PROFILE.reset()
-        lade2d.COUNTERS.reset()
-        outs = []
+    def run(self, llm: Any, prompts: list[str], sp: Any, static_chunk: int | None) -> None:
+        """``llm.generate`` on ``prompts`` (in calls of ``static_chunk`` prompts with static batching),
+        timed; the process-wide proposer profile and 2D counters are reset before and read after."""
+        from vllm_lookahead.vllm import lade2d
+        from vllm_lookahead.vllm import proposer as proposer_mod
+
+        prof, counters = proposer_mod.PROFILE, lade2d.COUNTERS
+        prof.reset()
+        counters.reset()
         with StepCounter() as counter:
             t0 = time.perf_counter()
-            chunk = len(prompts) if args.batching == "continuous" else bs
+            chunk = static_chunk or len(prompts)
             for i in range(0, len(prompts), chunk):
-                outs.extend(llm.generate(prompts[i : i + chunk], sp, use_tqdm=False))
-            wall = time.perf_counter() - t0
+                self.outs.extend(llm.generate(prompts[i : i + chunk], sp, use_tqdm=False))
+            self.wall += time.perf_counter() - t0
+        self.steps += counter.steps
+        self.step_seconds += counter.seconds
+        self.proposer_seconds += prof.seconds
+        self.proposer_calls += prof.calls
+        self.proposer_rows += prof.rows
+        for key in self.lade2d:
+            self.lade2d[key] += getattr(counters, key)
+
+    def entry(self, drafter: Any) -> dict[str, Any]:
+        """The batch size's record (``drafter``: the lookahead drafter of the engine, for its summary)."""
+        outs = self.outs
         token_ids = [list(o.outputs[0].token_ids) for o in outs]
         n_tokens = sum(map(len, token_ids))
         drafted = accepted = spec_steps = 0
@@ -138,31 +146,138 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
             n = len(o.outputs[0].token_ids)
             if st is not None and n > 1 and st.last_token_ts > st.first_token_ts > 0:
                 tpot.append((st.last_token_ts - st.first_token_ts) / (n - 1))
-        prof = proposer_mod.PROFILE
-        results["by_batch_size"][str(bs)] = {
+        wall, secs = self.wall, self.step_seconds
+        return {
             "requests": len(outs), "generated_tokens": n_tokens, "wall_s": wall,
-            "tokens_per_s": n_tokens / wall, "engine_steps": counter.steps,
-            "step_time_ms_mean": 1000 * counter.seconds / max(counter.steps, 1),
+            "tokens_per_s": n_tokens / wall, "engine_steps": self.steps,
+            "step_time_ms_mean": 1000 * secs / max(self.steps, 1),
             # per-request decoding steps: each request's tokens / the forward passes it took part in
             "compression": _compression(outs),
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_length": (1 + accepted / spec_steps) if spec_steps else None,
             "drafted_tokens": drafted, "accepted_tokens": accepted,
             "tpot_ms_p50": _ms(percentile(tpot, 50)), "tpot_ms_p95": _ms(percentile(tpot, 95)),
-            "proposer_cpu_ms_total": 1000 * prof.seconds, "proposer_calls": prof.calls,
+            "proposer_cpu_ms_total": 1000 * self.proposer_seconds, "proposer_calls": self.proposer_calls,
             # proposer + hook CPU per request row per step: the part that does not shrink with the model
-            "proposer_us_per_row": 1e6 * prof.seconds / prof.rows if prof.rows else None,
-            "proposer_share_of_step_time": prof.seconds / counter.seconds if counter.seconds else None,
+            "proposer_us_per_row": 1e6 * self.proposer_seconds / self.proposer_rows if self.proposer_rows else None,
+            "proposer_share_of_step_time": self.proposer_seconds / secs if secs else None,
             "acceptance_by_position": _acceptance_by_position(hist),
-            "lade2d": _lade2d_summary(lade2d.COUNTERS),
+            "lade2d": _lade2d_summary(SimpleNamespace(**self.lade2d)),
             # lookahead's own account (since engine start, warm-up included): drafts and acceptance by
             # source, the busy-batch guard's measured tokens/s and choices per batch-size bucket
-            "drafter": prof.drafter.summary() if prof.drafter is not None else None,
+            "drafter": drafter.summary() if drafter is not None else None,
             "token_ids": token_ids,
         }
+
+
+def _engine(model: str, spec: Any, bs: int, batch_sizes: list[int], args) -> tuple[Any, Any]:
+    """A fresh engine for ``spec`` at batch size ``bs``, warmed up (first-call allocations) on prompts
+    outside the measured set, and its lookahead drafter (None for other methods)."""
+    from vllm_lookahead.vllm import proposer as proposer_mod
+
+    proposer_mod.PROFILE.drafter = None
+    llm = make_llm(model, spec, dtype=args.dtype, seed=args.seed, enforce_eager=not args.compile,
+                   max_num_seqs=bs if args.batching == "continuous" else max(batch_sizes), max_model_len=2048,
+                   extra={"attention_backend": args.attention_backend} if args.attention_backend else None)
+    drafter = proposer_mod.PROFILE.drafter  # set by this engine's proposer (lookahead only)
+    return llm, drafter
+
+
+def _fitting(llm: Any, prompts: list[str], spec: Any, tok_limit: int) -> list[str]:
+    """The prompts that leave room for ``tok_limit`` new tokens (and a draft) in the 2048-token window."""
+    max_prompt = 2048 - tok_limit - spec.k - 8
+    tokenizer = llm.get_tokenizer()
+    return [p for p in prompts if len(tokenizer.encode(p)) <= max_prompt]
+
+
+def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list[int], args) -> dict[str, Any]:
+    """One method at every batch size, each on a fresh engine (``--interleave methods``)."""
+    from vllm import SamplingParams
+
+    spec = parse_spec(spec_text)
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    results: dict[str, Any] = {"method": spec.text, "by_batch_size": {}}
+    llm = None
+    for bs in batch_sizes:
+        # A fresh engine per batch size: a decoder with cross-request memory (suffix decoding's global
+        # tree, prefix caching) must not see the outputs of the previous batch size's run of the very
+        # same prompts.
+        del llm
+        gc.collect()
+        llm, drafter = _engine(model, spec, bs, batch_sizes, args)
+        if bs == batch_sizes[0]:
+            prompts = _fitting(llm, prompts, spec, args.max_tokens)
+        llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
+        measured = _Measured()
+        measured.run(llm, prompts, sp, bs if args.batching == "static" else None)
+        results["by_batch_size"][str(bs)] = measured.entry(drafter)
     del llm
     gc.collect()
     return results
+
+
+def interleave_chunk(bs: int) -> int:
+    """``--interleave chunks``: requests per chunk at batch size ``bs`` -- two batches' worth (so the
+    engine refills the batch as requests finish, as in serving), at least 4 (~1 s per method on the
+    demo model at batch 1)."""
+    return max(4, 2 * bs)
+
+
+def interleaved_order(n_prompts: int, n_methods: int, chunk: int, start: int = 0) -> list[tuple[int, int, int]]:
+    """``--interleave chunks``' schedule: (method index, first prompt, end) in run order.  Every chunk
+    of ``chunk`` consecutive prompts runs on every method before the next chunk starts, the first
+    method rotating by one each chunk (from ``start``): no method always runs first or last."""
+    out = []
+    for c, lo in enumerate(range(0, n_prompts, chunk)):
+        first = (start + c) % n_methods
+        out += [((first + j) % n_methods, lo, min(lo + chunk, n_prompts)) for j in range(n_methods)]
+    return out
+
+
+def run_interleaved(model: str, spec_texts: list[str], prompts: list[str], bs: int, batch_sizes: list[int],
+                    args, start: int = 0) -> list[dict[str, Any]]:
+    """Every method at batch size ``bs``, interleaved by chunks of prompts (``--interleave chunks``): one
+    fresh engine per method, all alive at once, then ``interleaved_order``.  Why: on a shared VM the
+    machine's speed moves by tens of percent over tens of seconds; runs of whole methods one after the
+    other (~10-60 s each) see different machines, and a ratio of two of them measures that as much as
+    the methods.  Chunks of ~1-2 s per method put every method on nearly the same machine."""
+    from vllm import SamplingParams
+
+    specs = [parse_spec(t) for t in spec_texts]
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    engines = []
+    for spec in specs:
+        engines.append(_engine(model, spec, bs, batch_sizes, args))
+        prompts = _fitting(engines[-1][0], prompts, spec, args.max_tokens)
+    for llm, _ in engines:
+        llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
+    measured = [_Measured() for _ in specs]
+    static = bs if args.batching == "static" else None
+    for i, lo, hi in interleaved_order(len(prompts), len(specs), interleave_chunk(bs), start):
+        measured[i].run(engines[i][0], prompts[lo:hi], sp, static)
+    out = [{"method": spec.text, "by_batch_size": {str(bs): m.entry(drafter)}}
+           for spec, m, (_, drafter) in zip(specs, measured, engines)]
+    del engines
+    gc.collect()
+    return out
+
+
+def _repeat_interleaved(run: Any, model: str, specs: list[str], prompts: list[str], batch_sizes: list[int],
+                        args, rep: int, load: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One repeat of ``--interleave chunks``: every batch size's ``run_interleaved`` (in a fresh process
+    with ``--isolation process``), merged into one result per method; the chunks' first method
+    continues its rotation from one repeat to the next."""
+    merged = [{"method": parse_spec(t).text, "by_batch_size": {}} for t in specs]
+    for bs in batch_sizes:
+        print(f"[bench] repeat {rep + 1}/{args.repeats} batch size {bs}: {len(specs)} methods interleaved in "
+              f"chunks of {interleave_chunk(bs)} of {len(prompts)} prompts x {args.max_tokens} tokens",
+              file=sys.stderr)
+        before = _load()
+        per_method = run(run_interleaved, model, specs, prompts, bs, batch_sizes, args, rep)
+        load.append({"repeat": rep + 1, "batch_size": bs, "before": before, "after": _load()})
+        for into, got in zip(merged, per_method):
+            into["by_batch_size"].update(got["by_batch_size"])
+    return merged
 
 
 def run_isolated(fn, *args):
@@ -329,7 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     code = code_version()  # read before the runs: the code that ran, not what the tree holds afterwards
     runs: list[list[dict[str, Any]]] = []  # runs[repeat][method index]
     load: list[dict[str, Any]] = []
+    run = run_isolated if args.isolation == "process" else _run_here
     for rep in range(args.repeats):
+        if args.interleave == "chunks":
+            runs.append(_repeat_interleaved(run, model, specs, prompts, batch_sizes, args, rep, load))
+            continue
         order = list(range(len(specs)))
         order = order[rep % len(order):] + order[: rep % len(order)]  # rotate: no method always runs first
         this: list[dict[str, Any] | None] = [None] * len(specs)
@@ -337,7 +456,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] repeat {rep + 1}/{args.repeats} {specs[i]}: {len(prompts)} prompts x "
                   f"{args.max_tokens} tokens at batch sizes {batch_sizes}", file=sys.stderr)
             before = _load()
-            run = run_isolated if args.isolation == "process" else _run_here
             this[i] = run(run_method, model, specs[i], prompts, batch_sizes, args)
             load.append({"repeat": rep + 1, "method": specs[i], "before": before, "after": _load()})
         runs.append([r for r in this if r is not None])
@@ -352,7 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "command": "vllm-lookahead bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": model, "prompts": args.prompts, "n_prompts": len(prompts), "max_tokens": args.max_tokens,
-        "dtype": args.dtype, "batching": args.batching, "machine": machine(),
+        "dtype": args.dtype, "batching": args.batching, "interleave": args.interleave,
+        "chunk_requests": ({str(bs): interleave_chunk(bs) for bs in batch_sizes} if args.interleave == "chunks"
+                           else None),
+        "machine": machine(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "repeats": args.repeats, "load": load, "code": code,
         "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
