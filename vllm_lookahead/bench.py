@@ -171,8 +171,9 @@ class _Measured:
 
 
 def _engine(model: str, spec: Any, bs: int, batch_sizes: list[int], args) -> tuple[Any, Any]:
-    """A fresh engine for ``spec`` at batch size ``bs``, warmed up (first-call allocations) on prompts
-    outside the measured set, and its lookahead drafter (None for other methods)."""
+    """A fresh engine for ``spec`` at batch size ``bs`` and its lookahead drafter (None for other
+    methods).  The callers warm it up (first-call allocations) on ``WARMUP_PROMPTS``, outside the
+    measured set."""
     from vllm_lookahead.vllm import proposer as proposer_mod
 
     proposer_mod.PROFILE.drafter = None
