@@ -19,7 +19,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -98,7 +97,7 @@ class _Measured:
         self.outs: list[Any] = []
         self.wall = self.step_seconds = self.proposer_seconds = 0.0
         self.steps = self.proposer_calls = self.proposer_rows = 0
-        self.lade2d = {"steps": 0, "fallbacks": 0, "fixups": 0, "accepted": 0, "rows": 0}
+        self.lade2d: Any = None  # the 2D counters' sums: an instance of lade2d.COUNTERS' class
 
     def run(self, llm: Any, prompts: list[str], sp: Any, static_chunk: int | None) -> None:
         """``llm.generate`` on ``prompts`` (in calls of ``static_chunk`` prompts with static batching),
@@ -107,6 +106,8 @@ class _Measured:
         from vllm_lookahead.vllm import proposer as proposer_mod
 
         prof, counters = proposer_mod.PROFILE, lade2d.COUNTERS
+        if self.lade2d is None:
+            self.lade2d = type(counters)()
         prof.reset()
         counters.reset()
         with StepCounter() as counter:
@@ -120,8 +121,8 @@ class _Measured:
         self.proposer_seconds += prof.seconds
         self.proposer_calls += prof.calls
         self.proposer_rows += prof.rows
-        for key in self.lade2d:
-            self.lade2d[key] += getattr(counters, key)
+        for key, value in vars(counters).items():
+            setattr(self.lade2d, key, getattr(self.lade2d, key) + value)
 
     def entry(self, drafter: Any) -> dict[str, Any]:
         """The batch size's record (``drafter``: the lookahead drafter of the engine, for its summary)."""
@@ -162,7 +163,7 @@ class _Measured:
             "proposer_us_per_row": 1e6 * self.proposer_seconds / self.proposer_rows if self.proposer_rows else None,
             "proposer_share_of_step_time": self.proposer_seconds / secs if secs else None,
             "acceptance_by_position": _acceptance_by_position(hist),
-            "lade2d": _lade2d_summary(SimpleNamespace(**self.lade2d)),
+            "lade2d": _lade2d_summary(self.lade2d),
             # lookahead's own account (since engine start, warm-up included): drafts and acceptance by
             # source, the busy-batch guard's measured tokens/s and choices per batch-size bucket
             "drafter": drafter.summary() if drafter is not None else None,
@@ -184,9 +185,10 @@ def _engine(model: str, spec: Any, bs: int, batch_sizes: list[int], args) -> tup
     return llm, drafter
 
 
-def _fitting(llm: Any, prompts: list[str], spec: Any, tok_limit: int) -> list[str]:
-    """The prompts that leave room for ``tok_limit`` new tokens (and a draft) in the 2048-token window."""
-    max_prompt = 2048 - tok_limit - spec.k - 8
+def _fitting(llm: Any, prompts: list[str], k: int, tok_limit: int) -> list[str]:
+    """The prompts that leave room for ``tok_limit`` new tokens (and a draft of ``k``) in the 2048-token
+    window."""
+    max_prompt = 2048 - tok_limit - k - 8
     tokenizer = llm.get_tokenizer()
     return [p for p in prompts if len(tokenizer.encode(p)) <= max_prompt]
 
@@ -207,7 +209,7 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
         gc.collect()
         llm, drafter = _engine(model, spec, bs, batch_sizes, args)
         if bs == batch_sizes[0]:
-            prompts = _fitting(llm, prompts, spec, args.max_tokens)
+            prompts = _fitting(llm, prompts, spec.k, args.max_tokens)
         llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
         measured = _Measured()
         measured.run(llm, prompts, sp, bs if args.batching == "static" else None)
@@ -246,10 +248,9 @@ def run_interleaved(model: str, spec_texts: list[str], prompts: list[str], bs: i
 
     specs = [parse_spec(t) for t in spec_texts]
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    engines = []
-    for spec in specs:
-        engines.append(_engine(model, spec, bs, batch_sizes, args))
-        prompts = _fitting(engines[-1][0], prompts, spec, args.max_tokens)
+    engines = [_engine(model, spec, bs, batch_sizes, args) for spec in specs]
+    # one prompt set for all (the same model's tokenizer): room for the longest draft
+    prompts = _fitting(engines[0][0], prompts, max(spec.k for spec in specs), args.max_tokens)
     for llm, _ in engines:
         llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
     measured = [_Measured() for _ in specs]
