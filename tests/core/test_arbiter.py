@@ -82,3 +82,31 @@ def test_off_wins_when_no_draft_layout_pays_and_losers_are_retried_in_turn():
     assert steady.count("chain") > 0 and steady.count("2d") > 0  # both still re-tried
     with pytest.raises(ValueError, match="subset"):
         LayoutArbiter(("tree",))
+
+
+def test_a_decisive_loser_is_retried_ever_more_rarely_and_a_close_one_as_before():
+    """Back-off (the drafter's busy-batch guard): "off" at half of drafting's tokens/s is re-tried after 64,
+    128, 256, 512, 512 ... steps and its warm-up ends after 4 steps; a loser within ``decisive`` keeps
+    its re-try every 64 steps."""
+    arb = LayoutArbiter(("chain", "off"), explore_every=64, explore_steps=2, warmup_steps=8, max_explore_every=512)
+    chosen = run(arb, 2000, {"chain": (60, 0.020), "off": (32, 0.0213)})  # 3000 vs 1500 tokens/s
+    assert chosen[:8].count("off") == 4 and chosen[8:16].count("off") == 0  # decided after 4 steps each
+    retries = [i for i in range(8, len(chosen)) if chosen[i] == "off" and chosen[i - 1] != "off"]
+    gaps = [b - a for a, b in zip(retries, retries[1:])]
+    assert gaps[:3] == pytest.approx([128, 256, 512], abs=4) and all(g == pytest.approx(512, abs=4) for g in gaps[3:])
+    assert arb.summary()["off"]["retry_every_steps"] == 512
+
+    close = LayoutArbiter(("chain", "off"), explore_every=64, explore_steps=2, warmup_steps=8, max_explore_every=512)
+    chosen = run(close, 2000, {"chain": (60, 0.020), "off": (32, 0.0120)})  # 3000 vs 2667 tokens/s
+    assert chosen[:16].count("off") == 8  # the full warm-up: not decided early
+    assert chosen[16:].count("off") == pytest.approx(len(chosen[16:]) * 2 / 64, abs=4)
+
+
+def test_a_backed_off_loser_that_becomes_faster_still_wins():
+    """Backing off delays noticing a change (up to ``max_explore_every`` steps) but never prevents it."""
+    arb = LayoutArbiter(("chain", "off"), explore_every=64, explore_steps=2, warmup_steps=8, max_explore_every=512)
+    run(arb, 1200, {"chain": (60, 0.020), "off": (32, 0.0213)})
+    assert arb.choose() == "chain"
+    chosen = run(arb, 1200, {"chain": (60, 0.020), "off": (32, 0.008)})  # drafting stopped paying: 4000 tokens/s
+    first = chosen.index("off")
+    assert first <= 512 and chosen[first + 2 :].count("chain") <= len(chosen) * 2 / 64 + 4

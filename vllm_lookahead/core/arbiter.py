@@ -11,6 +11,14 @@ drafts) is a layout too: at a large batch on a compute-bound device even the cha
 more than they return, and then the engine should simply decode.  "strict" is the chain at a higher
 commit-probability floor (the drafter's busy-batch guard, docs/design/busy-floor.md): fewer, surer
 draft rows, for the batches where a row costs too much for the configured floor but drafting still pays.
+
+Re-tries cost: a loser runs at the loser's speed for its steps (at batch 32 on the 2-core CPU an "off"
+step served 45% of a drafting step's tokens/s, benchmarks/results/il2_k8_copy_128_r5.json).  With
+``max_explore_every`` above ``explore_every`` the arbiter backs off from a loser that keeps losing by
+``decisive`` or more -- each such re-try doubles the wait before its next one, up to
+``max_explore_every`` steps; a re-try that comes closer resets it -- and a warm-up whose first
+``min_warmup_steps`` steps per mode already separate the modes by ``decisive`` ends there.  A change of
+conditions is then noticed within ``max_explore_every`` steps instead of ``explore_every``.
 """
 
 from __future__ import annotations
@@ -23,12 +31,21 @@ class LayoutArbiter:
 
     def __init__(self, modes: tuple[str, ...] = ("chain", "2d", "off"), explore_every: int = 64,
                  explore_steps: int = 4, warmup_steps: int = 8, decay: float = 0.9, outlier: float = 8.0,
-                 stale_after: int = 16):
+                 stale_after: int = 16, max_explore_every: int | None = None, decisive: float = 1.25,
+                 min_warmup_steps: int = 4):
         unknown = set(modes) - set(MODES)
         if unknown or not modes:
             raise ValueError(f"modes must be a non-empty subset of {MODES}, got {modes}")
+        if max_explore_every is not None and max_explore_every < explore_every:
+            raise ValueError(f"max_explore_every ({max_explore_every}) must be >= explore_every ({explore_every})")
+        if decisive <= 1.0:
+            raise ValueError(f"decisive must be > 1 (a ratio of tokens/s), got {decisive}")
         self.modes = tuple(modes)
         self.explore_every = explore_every
+        # None: no back-off -- every loser re-tried every explore_every steps, the warm-up always full
+        self.max_explore_every = max_explore_every or explore_every
+        self.decisive = decisive
+        self.min_warmup_steps = min(min_warmup_steps, warmup_steps)
         self.explore_steps = explore_steps
         self.warmup_steps = warmup_steps
         self.decay = decay
@@ -44,6 +61,9 @@ class LayoutArbiter:
         self._since_explore = 0
         self._exploring: list[str] = []
         self._next_explore = 0
+        self._warm = False  # the warm-up is over (all modes measured warmup_steps times, or decisively)
+        self._wait = {m: explore_every for m in self.modes}  # steps before a loser's next re-try
+        self._judge: str | None = None  # the mode just re-tried: its fresh estimate decides its next wait
 
     def observe(self, mode: str, tokens: int, seconds: float) -> None:
         """One engine step ran in ``mode``, committed ``tokens`` over the batch and took ``seconds``."""
@@ -71,22 +91,41 @@ class LayoutArbiter:
         # first measure every mode, interleaved (the least-measured first): modes measured one after the
         # other would see different conditions -- a batch that shrinks as requests finish, a warm-up
         # that ends -- and the comparison would credit those to the mode
-        warming = [m for m in self.modes if self.samples[m] < self.warmup_steps]
-        if warming:
-            return min(warming, key=lambda m: self.samples[m])
+        if not self._warm:
+            warming = [m for m in self.modes if self.samples[m] < self.warmup_steps]
+            if warming and not self._decided():
+                return min(warming, key=lambda m: self.samples[m])
+            self._warm = True
         if self._exploring:
             return self._exploring.pop()
         best = max(self.modes, key=lambda m: self.tokens_per_s[m])
+        if self._judge is not None:  # the re-try just done: back off if it lost decisively again
+            judged, self._judge = self._judge, None
+            if judged != best and self.tokens_per_s[best] >= self.decisive * self.tokens_per_s[judged]:
+                self._wait[judged] = min(2 * self._wait[judged], self.max_explore_every)
+            else:
+                self._wait[judged] = self.explore_every
         self._since_explore += 1
         others = [m for m in self.modes if m != best]
-        if others and self._since_explore >= self.explore_every:  # re-try one loser, in turn
-            self._since_explore = 0
-            other = others[self._next_explore % len(others)]
-            self._next_explore += 1
-            self._exploring = [other] * (self.explore_steps - 1)
-            return other
+        if others and self._since_explore >= self.explore_every:  # re-try one loser that is due, in turn
+            due = [m for m in others if self._wait[m] <= self.explore_every or self._steps - self._last[m] >= self._wait[m]]
+            if due:
+                self._since_explore = 0
+                other = due[self._next_explore % len(due)]
+                self._next_explore += 1
+                self._exploring = [other] * (self.explore_steps - 1)
+                self._judge = other
+                return other
         return best
+
+    def _decided(self) -> bool:
+        """Whether the warm-up may end early: back-off on, every mode measured ``min_warmup_steps``
+        times, and the best ahead of every other mode by ``decisive``."""
+        if self.max_explore_every <= self.explore_every or min(self.samples.values()) < self.min_warmup_steps:
+            return False
+        best = max(self.modes, key=lambda m: self.tokens_per_s[m])
+        return all(self.tokens_per_s[best] >= self.decisive * self.tokens_per_s[m] for m in self.modes if m != best)
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {m: {"tokens_per_s": self.tokens_per_s[m], "step_ms": 1000 * self.step_s[m],
-                    "steps": self.samples[m]} for m in self.modes}
+                    "steps": self.samples[m], "retry_every_steps": self._wait[m]} for m in self.modes}
