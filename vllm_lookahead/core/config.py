@@ -24,7 +24,7 @@ LIMITS: dict[str, tuple[float, float | None]] = {
     "shared_pool_keys": (0, 10_000_000), "max_prompt_index_tokens": (0, None), "min_match": (1, 32),
     "max_match": (1, 32), "window": (0, 64), "memory_tokens": (0, 100_000_000), "memory_depth": (1, 32),
     "cost_margin": (0.0, 1.0), "chain_min_p": (0.0, 1.0), "chain_busy_min_p": (0.0, 1.0), "chain_strict_min_p": (0.0, 1.0),
-    "guard_batch_size": (1, None), "pool_max_batch": (0, None), "ema_decay": (0.0, 1.0), "min_acceptance": (0.0, 1.0),
+    "guard_batch_size": (1, None), "guard_max_retry_steps": (64, None), "pool_max_batch": (0, None), "ema_decay": (0.0, 1.0), "min_acceptance": (0.0, 1.0),
     "free_draft_batch_size": (0, None), "probe_interval": (1, None), "max_batch_draft_tokens": (0, None),
     "batch_size_threshold": (1, None), "busy_min_acceptance": (0.0, 1.0), "confident_match": (1, 32),
     "max_dormant_requests": (0, None), "lade_window": (1, 64), "lade_ngram": (3, 16),
@@ -181,6 +181,14 @@ class LookaheadConfig:
     times.  16: at batch 8 on the 2-core CPU drafting won in every repeat (1.29x-1.87x `none`,
     benchmarks/results/bench_repeats5_{open,copy}_64_guard3.json), so measuring "off" there only cost
     its measuring steps; lower it where a batch of 8 is compute-bound."""
+    guard_max_retry_steps: int = 512
+    """The guard re-tries a losing mode (2 steps) every 64 steps; one that lost the last re-try by 1.25x
+    or more waits twice as long before the next, up to this many steps, and a warm-up that separates the
+    modes by 1.25x after 4 steps each ends there (``core.arbiter.LayoutArbiter``, ``max_explore_every``).
+    Why: a loser's steps run at the loser's speed -- at batch 32 on the 2-core CPU "off" served 45% of
+    drafting's tokens/s, and its 9-12 warm-up and re-try steps of a 128-request run (~100 steps of 17-32
+    rows) cost it ~1.5% (benchmarks/results/il2_k8_copy_128_r5.json).  The price: a change that makes the
+    loser the winner is noticed within this many steps (~10 s at batch 32 there).  64: no back-off."""
     # --- adaptive policy ("ema") ---
     ema_decay: float = 0.7
     """Weight of the past in the per-request EMA of accepted tokens per drafted token."""

@@ -418,7 +418,7 @@ class LookaheadDrafter:
         ``guard_batch_size`` rows the arbiter of the batch's bucket (powers of two: 17-32 rows, 33-64, ...)
         decides: every mode is measured first (interleaved, 8 steps each, or 4 when the best is then
         ahead by 1.25x), then a loser is re-tried 2 steps in 64, in turn -- a loser that keeps losing by
-        1.25x or more ever more rarely, down to 2 in 512.  Only pure decode steps are credited -- the rows now all ran in the step measured
+        1.25x or more ever more rarely, down to 2 in ``guard_max_retry_steps``.  Only pure decode steps are credited -- the rows now all ran in the step measured
         and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
         slow for reasons neither mode controls."""
         if self._guard_last is None and len(new_counts) <= self.cfg.guard_batch_size:
@@ -435,11 +435,9 @@ class LookaheadDrafter:
         if arbiter is None:
             strict = cfg.policy == "chain" and cfg.chain_strict_min_p > self.chain_floor(bucket)
             modes = ("chain", "strict", "off") if strict else ("chain", "off")
-            # backing off from a decisive loser (up to 512 steps, ~10 s at batch 32 on the 2-core CPU): at
-            # batch 32 "off" served 45% of drafting's tokens/s, and its 8 warm-up plus re-try steps cost ~1.5%
-            # of a 128-request run's tokens/s (benchmarks/results/il2_k8_copy_128_r5.json)
+            # backing off from a decisive loser: LookaheadConfig.guard_max_retry_steps says why
             arbiter = self.guards[bucket] = LayoutArbiter(modes, explore_every=64, explore_steps=2, warmup_steps=8,
-                                                          max_explore_every=512)
+                                                          max_explore_every=cfg.guard_max_retry_steps)
         mode = arbiter.choose()
         self._guard_last = (mode, bucket, now, live)
         return mode
