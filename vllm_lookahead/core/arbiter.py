@@ -101,7 +101,7 @@ class LayoutArbiter:
         best = max(self.modes, key=lambda m: self.tokens_per_s[m])
         if self._judge is not None:  # the re-try just done: back off if it lost decisively again
             judged, self._judge = self._judge, None
-            if judged != best and self.tokens_per_s[best] >= self.decisive * self.tokens_per_s[judged]:
+            if judged != best and self._far_behind(judged, best):
                 self._wait[judged] = min(2 * self._wait[judged], self.max_explore_every)
             else:
                 self._wait[judged] = self.explore_every
@@ -124,7 +124,11 @@ class LayoutArbiter:
         if self.max_explore_every <= self.explore_every or min(self.samples.values()) < self.min_warmup_steps:
             return False
         best = max(self.modes, key=lambda m: self.tokens_per_s[m])
-        return all(self.tokens_per_s[best] >= self.decisive * self.tokens_per_s[m] for m in self.modes if m != best)
+        return all(self._far_behind(m, best) for m in self.modes if m != best)
+
+    def _far_behind(self, mode: str, best: str) -> bool:
+        """Whether ``best`` serves ``decisive`` times ``mode``'s tokens/s or more (the back-off's test)."""
+        return self.tokens_per_s[best] >= self.decisive * self.tokens_per_s[mode]
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {m: {"tokens_per_s": self.tokens_per_s[m], "step_ms": 1000 * self.step_s[m],

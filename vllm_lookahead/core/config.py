@@ -187,7 +187,8 @@ class LookaheadConfig:
     modes by 1.25x after 4 steps each ends there (``core.arbiter.LayoutArbiter``, ``max_explore_every``).
     Why: a loser's steps run at the loser's speed -- at batch 32 on the 2-core CPU "off" served 45% of
     drafting's tokens/s, and its 9-12 warm-up and re-try steps of a 128-request run (~100 steps of 17-32
-    rows) cost it ~1.5% (benchmarks/results/il2_k8_copy_128_r5.json).  The price: a change that makes the
+    rows) cost it an estimated ~1.5% -- their time at 45% of drafting's rate, from the guard's summary in
+    benchmarks/results/il2_k8_copy_128_r5.json.  The price: a change that makes the
     loser the winner is noticed within this many steps (~10 s at batch 32 there).  64: no back-off."""
     # --- adaptive policy ("ema") ---
     ema_decay: float = 0.7

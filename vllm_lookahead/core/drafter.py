@@ -418,8 +418,8 @@ class LookaheadDrafter:
         ``guard_batch_size`` rows the arbiter of the batch's bucket (powers of two: 17-32 rows, 33-64, ...)
         decides: every mode is measured first (interleaved, 8 steps each, or 4 when the best is then
         ahead by 1.25x), then a loser is re-tried 2 steps in 64, in turn -- a loser that keeps losing by
-        1.25x or more ever more rarely, down to 2 in ``guard_max_retry_steps``.  Only pure decode steps are credited -- the rows now all ran in the step measured
-        and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
+        1.25x or more ever more rarely, down to 2 in ``guard_max_retry_steps``.  Only pure decode steps
+        are credited -- the rows now all ran in the step measured and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
         slow for reasons neither mode controls."""
         if self._guard_last is None and len(new_counts) <= self.cfg.guard_batch_size:
             return "chain"  # (no step to credit, none to time: not even the clock is read)
