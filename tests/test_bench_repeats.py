@@ -117,3 +117,21 @@ def test_interleaved_chunks_run_every_prompt_on_every_method_chunk_by_chunk():
             assert len({(lo, hi) for _, lo, hi in block}) == 1
             assert block[0][0] == (start + c // m) % m  # the first method rotates
     assert [interleave_chunk(b) for b in (1, 2, 8, 32)] == [4, 4, 16, 64]
+
+
+def test_prompt_steps_are_told_from_decode_steps():
+    """``step_counter.carries_prompt_tokens``: a decode step schedules one token plus the drafts of each
+    request; anything more is prompt work (a new request's prefill or a chunk of one)."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.vllm.step_counter import carries_prompt_tokens
+
+    def step(scheduled: dict[str, int], drafts: dict[str, list[int]]):
+        return SimpleNamespace(num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+                               scheduled_spec_decode_tokens=drafts)
+
+    assert not carries_prompt_tokens(step({"a": 1, "b": 1}, {}))
+    assert not carries_prompt_tokens(step({"a": 4, "b": 1}, {"a": [7, 8, 9]}))  # a's 3 drafts + its token
+    assert carries_prompt_tokens(step({"a": 4, "b": 1}, {"a": [7]}))  # 2 tokens of a are not drafts
+    assert carries_prompt_tokens(step({"a": 1, "new": 300}, {}))  # a prefill next to a decode row
+    assert not carries_prompt_tokens(None)

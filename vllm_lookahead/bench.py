@@ -97,6 +97,7 @@ class _Measured:
         self.outs: list[Any] = []
         self.wall = self.step_seconds = self.proposer_seconds = 0.0
         self.steps = self.proposer_calls = self.proposer_rows = 0
+        self.prompt_steps, self.prompt_seconds = 0, 0.0  # steps that carried prompt tokens (step_counter)
         self.lade2d: Any = None  # the 2D counters' sums: an instance of lade2d.COUNTERS' class
 
     def run(self, llm: Any, prompts: list[str], sp: Any, static_chunk: int | None) -> None:
@@ -118,6 +119,8 @@ class _Measured:
             self.wall += time.perf_counter() - t0
         self.steps += counter.steps
         self.step_seconds += counter.seconds
+        self.prompt_steps += counter.prompt_steps
+        self.prompt_seconds += counter.prompt_seconds
         self.proposer_seconds += prof.seconds
         self.proposer_calls += prof.calls
         self.proposer_rows += prof.rows
@@ -152,6 +155,9 @@ class _Measured:
             "requests": len(outs), "generated_tokens": n_tokens, "wall_s": wall,
             "tokens_per_s": n_tokens / wall, "engine_steps": self.steps,
             "step_time_ms_mean": 1000 * secs / max(self.steps, 1),
+            # forward passes that carried prompt tokens (prefill next to decode rows) and their share of
+            # the wall time: the same work for every method, so it caps the end-to-end speed-up (Amdahl)
+            "prompt_steps": self.prompt_steps, "prompt_step_share_of_wall": self.prompt_seconds / wall if wall else None,
             # per-request decoding steps: each request's tokens / the forward passes it took part in
             "compression": _compression(outs),
             "acceptance_rate": accepted / drafted if drafted else None,
@@ -569,7 +575,7 @@ def _mark_exact(results: list[dict[str, Any]], batch_sizes: list[int]) -> None:
 
 
 SPREAD_KEYS = ("tokens_per_s", "speedup_vs_none", "compression", "proposer_share_of_step_time",
-               "proposer_us_per_row", "step_time_ms_mean")
+               "proposer_us_per_row", "step_time_ms_mean", "prompt_step_share_of_wall")
 
 
 def _aggregate(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -3,6 +3,11 @@
 Compression = generated tokens / forward passes is the figure that carries from CPU to GPU, and vLLM
 exposes no step count, so the benchmark wraps ``GPUModelRunner.execute_model`` while it measures and
 reverts it afterwards (``patches.revert``).  Only in-process engines share this module's counter.
+
+It also times the steps that carry prompt tokens (a new request's prefill, or a chunk of one, next to the
+running requests' decode rows) apart: that work is the same whatever the drafter does, so its share of
+the wall time bounds the end-to-end speed-up any drafter can show (Amdahl) -- on long prompts at a
+large batch it is a large share.
 """
 
 from __future__ import annotations
@@ -24,19 +29,35 @@ def _build_execute_model(orig: Any) -> Any:
             return orig(runner, *args, **kwargs)
         finally:
             dt = time.perf_counter() - t
+            prompt = carries_prompt_tokens(args[0] if args else kwargs.get("scheduler_output"))
             for counter in _ACTIVE:
                 counter.steps += 1
                 counter.seconds += dt
+                if prompt:
+                    counter.prompt_steps += 1
+                    counter.prompt_seconds += dt
 
     return execute_model
 
 
+def carries_prompt_tokens(scheduler_output: Any) -> bool:
+    """Does the step schedule prompt tokens?  A decoding request schedules one token plus its draft
+    tokens; any more in the step are prompt tokens (a prefill, a chunk of one, or a preempted request's
+    recomputation)."""
+    if scheduler_output is None:
+        return False
+    decode_tokens = len(scheduler_output.num_scheduled_tokens) + sum(
+        len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values())
+    return scheduler_output.total_num_scheduled_tokens > decode_tokens
+
+
 class StepCounter:
-    """``with StepCounter() as c: ...`` -- ``c.steps`` forward passes, ``c.seconds`` spent in them."""
+    """``with StepCounter() as c: ...`` -- ``c.steps`` forward passes, ``c.seconds`` spent in them;
+    ``c.prompt_steps`` / ``c.prompt_seconds`` the part of them that carried prompt tokens."""
 
     def __init__(self) -> None:
-        self.steps = 0
-        self.seconds = 0.0
+        self.steps = self.prompt_steps = 0
+        self.seconds = self.prompt_seconds = 0.0
 
     def __enter__(self) -> StepCounter:
         patches.apply("step_counter")
