@@ -1,7 +1,8 @@
 """``vllm-lookahead bench``: none vs ngram vs lookahead on the same prompts, side by side.
 
 For each method and batch size: compression (generated tokens per target forward pass), acceptance
-rate and mean accepted length, tokens/s, per-token latency p50/p95, engine steps, and the fraction of
+rate and mean accepted length, tokens/s, per-token latency p50/p95, engine steps (and the share of the
+wall time spent in steps that carried prompt tokens: work no drafter changes), and the fraction of
 outputs identical to ``none`` at the same batch size.  Optionally the HF full-LADE reference's
 compression on the same prompts (``--reference``).  Prints a table, writes JSON and a plot.
 
