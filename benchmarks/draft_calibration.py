@@ -43,6 +43,40 @@ def code_version() -> dict[str, str]:
     return {"package": str(pkg), "commit": commit}
 
 
+TOP_SHARES = (0.25, 0.5, 0.75)
+"""``ranking``: the committed share of the best-ranked quarter, half and three quarters of the drafted tokens."""
+
+
+def ranking_quality(p: list[float], committed: list[bool]) -> dict[str, object]:
+    """How well the estimates *order* the drafted tokens -- what a floor at a busy batch relies on, since
+    it keeps the best-ranked tokens and drops the rest (calibration alone says nothing about that: a
+    constant estimate equal to the mean is calibrated and useless).
+
+    ``auc``: the chance that a committed token has a higher estimate than an uncommitted one (ties count
+    half; 0.5 = no better than chance, 1 = a perfect order).  ``brier``: the mean squared error of the
+    estimate as a probability.  ``top``: the committed share among the best-ranked ``TOP_SHARES`` of the
+    tokens, next to the share a perfect order would reach (every committed token first)."""
+    import numpy as np
+    from scipy.stats import rankdata
+
+    est = np.asarray(p, dtype=np.float64)
+    hit = np.asarray(committed, dtype=bool)
+    n, pos = len(est), int(hit.sum())
+    out: dict[str, object] = {"tokens": n, "committed": pos, "auc": None, "brier": None, "top": []}
+    if n == 0:
+        return out
+    out["brier"] = float(np.mean((est - hit) ** 2))
+    if 0 < pos < n:
+        ranks = rankdata(est)  # ties get their mean rank
+        out["auc"] = float((ranks[hit].sum() - pos * (pos + 1) / 2) / (pos * (n - pos)))
+    order = np.argsort(-est, kind="stable")
+    for share in TOP_SHARES:
+        m = max(1, int(round(share * n)))
+        out["top"].append({"share_of_tokens": share, "committed_share": float(hit[order[:m]].mean()),
+                           "perfect_order": min(pos, m) / m})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -78,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     bins: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])  # (source or "all", decile) -> n, committed
     first: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # context evidence class -> drafts, first accepted
     tokens = steps = drafted = committed = 0
+    scored: dict[str, tuple[list[float], list[bool]]] = defaultdict(lambda: ([], []))  # source -> estimates, committed
     t0 = time.time()
     for j, prompt in enumerate(tqdm(load_heldout_prompts(args.n, args.prompts, seed=0), desc="prompts", unit="prompt")):
         ids = tok(prompt).input_ids
@@ -98,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                 for key in (("all", b), (source, b)):
                     bins[key][0] += 1
                     bins[key][1] += i < a
+                for key in ("all", source):
+                    scored[key][0].append(q)
+                    scored[key][1].append(i < a)
             drafted += len(draft)
             committed += a
             if evidence >= 0:
@@ -114,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         "code": code_version(), "model": args.model, "prompts": args.prompts, "n": args.n, "k": args.k, "max_tokens": args.max_tokens,
         "config": overrides, "compression": tokens / steps, "drafted_tokens": drafted, "committed_draft_tokens": committed,
         "calibration": {s: table(s) for s in ("all", "context", "memory")},
+        "ranking": {s: ranking_quality(*scored[s]) for s in ("all", "context", "memory")},
         "context_first_token_by_evidence": {c: {"drafts": v[0], "first_accepted_share": v[1] / v[0]}
                                             for c, v in first.items()},
         "definition": "per bin of the estimated commit probability p_cum (deciles), the share of drafted tokens "
                       "that were committed (the token and all before it accepted); a calibrated estimate has "
-                      "each bin's share inside the bin",
+                      "each bin's share inside the bin; ranking: how well the estimates order the tokens "
+                      "(ranking_quality: AUC, Brier score, committed share of the best-ranked tokens)",
     }
     print(f"{args.prompts}, k={args.k}, {overrides}: compression {out['compression']:.3f} tokens/step, "
           f"{drafted} draft tokens, {committed} committed ({committed / max(drafted, 1):.3f}) "
@@ -126,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'estimate':<10}{'tokens':>8}{'committed':>11}")
     for row in out["calibration"]["all"]:
         print(f"{row['estimate']:<10}{row['tokens']:>8}{row['committed_share']:>11.3f}")
+    rank = out["ranking"]["all"]
+    if rank["auc"] is not None:
+        print(f"ranking: AUC {rank['auc']:.3f}, Brier {rank['brier']:.3f}; committed share of the best-ranked "
+              + ", ".join(f"{100 * t['share_of_tokens']:.0f}% {t['committed_share']:.3f} (perfect {t['perfect_order']:.3f})"
+                          for t in rank["top"]))
     for c, v in out["context_first_token_by_evidence"].items():
         print(f"context match {c:<10}: {v['drafts']:>5} drafts, first token accepted {v['first_accepted_share']:.3f}")
     if args.json:
