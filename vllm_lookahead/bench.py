@@ -2,7 +2,7 @@
 
 For each method and batch size: compression (generated tokens per target forward pass), acceptance
 rate and mean accepted length, tokens/s, per-token latency p50/p95, engine steps (and the share of the
-wall time spent in steps that carried prompt tokens: work no drafter changes), and the fraction of
+wall time spent in steps that carried prompt tokens, whose prompt work no drafter changes), and the fraction of
 outputs identical to ``none`` at the same batch size.  Optionally the HF full-LADE reference's
 compression on the same prompts (``--reference``).  Prints a table, writes JSON and a plot.
 
@@ -156,8 +156,8 @@ class _Measured:
             "requests": len(outs), "generated_tokens": n_tokens, "wall_s": wall,
             "tokens_per_s": n_tokens / wall, "engine_steps": self.steps,
             "step_time_ms_mean": 1000 * secs / max(self.steps, 1),
-            # forward passes that carried prompt tokens (prefill next to decode rows) and their share of
-            # the wall time: the same work for every method, so it caps the end-to-end speed-up (Amdahl)
+            # forward passes that carried prompt tokens (prefill next to decode rows) and their share of the
+            # wall time: an upper bound on the prompt work's share, which is the same for every method
             "prompt_steps": self.prompt_steps, "prompt_step_share_of_wall": self.prompt_seconds / wall if wall else None,
             # per-request decoding steps: each request's tokens / the forward passes it took part in
             "compression": _compression(outs),

@@ -5,9 +5,9 @@ exposes no step count, so the benchmark wraps ``GPUModelRunner.execute_model`` w
 reverts it afterwards (``patches.revert``).  Only in-process engines share this module's counter.
 
 It also times the steps that carry prompt tokens (a new request's prefill, or a chunk of one, next to the
-running requests' decode rows) apart: that work is the same whatever the drafter does, so its share of
-the wall time bounds the end-to-end speed-up any drafter can show (Amdahl) -- on long prompts at a
-large batch it is a large share.
+running requests' decode rows) apart.  The prompt work in them is the same whatever the drafter does,
+and dilutes any drafter's end-to-end lead; the decode rows beside it are not, so the share of the wall
+time in these steps bounds the prompt work's share from above rather than measuring it.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ _ACTIVE: list[StepCounter] = []
                  "benchmark: count forward passes and their wall time", "tool")
 def _build_execute_model(orig: Any) -> Any:
     def execute_model(runner: Any, *args: Any, **kwargs: Any) -> Any:
+        prompt = carries_prompt_tokens(args[0] if args else kwargs.get("scheduler_output"))
         t = time.perf_counter()
         try:
             return orig(runner, *args, **kwargs)
         finally:
             dt = time.perf_counter() - t
-            prompt = carries_prompt_tokens(args[0] if args else kwargs.get("scheduler_output"))
             for counter in _ACTIVE:
                 counter.steps += 1
                 counter.seconds += dt
