@@ -320,6 +320,42 @@ def test_chain_policy_cuts_each_draft_at_its_commit_probability_floor():
     assert busy.step(rows) == [[]] * 20
 
 
+def test_agreement_offsets_mark_agreeing_then_conflicting_tokens():
+    """``agreement_offsets``: cells of tokens the other source drafts too go to the AGREE block, the first
+    token it drafts differently to the CONFLICT block, tokens past that (or past its end) stay ALONE."""
+    from vllm_lookahead.core.chain import AGREE, BLOCK, CONFLICT, agreement_offsets
+
+    cells = [3, 4, 5, 6, 7]
+    assert agreement_offsets(list(cells), [1, 2, 3, 4, 5], [1, 2, 9, 4]) == [
+        3 + AGREE * BLOCK, 4 + AGREE * BLOCK, 5 + CONFLICT * BLOCK, 6, 7]
+    assert agreement_offsets(list(cells), [1, 2, 3, 4, 5], [1, 2]) == [3 + AGREE * BLOCK, 4 + AGREE * BLOCK, 5, 6, 7]
+    assert agreement_offsets(list(cells), [1, 2, 3, 4, 5], []) == cells
+    assert agreement_offsets(list(cells), [1, 2, 3, 4, 5], [8]) == [3 + CONFLICT * BLOCK, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_memory_agreeing_with_the_context_raises_the_estimate(compiled):
+    """The same context draft is estimated more likely committed where the memory (an earlier request's
+    output) continues the context the same way than where it continues differently -- and the drafter
+    still drafts the context's tokens in both cases (the prompt match is the stronger source here)."""
+
+    def first_estimate(memory_output: list[int]) -> tuple[list[int], float]:
+        d = LookaheadDrafter(LookaheadConfig(policy="chain", chain_min_p=0.0), 4)
+        d.compiled_rows = compiled
+        out = [40, 41, *memory_output]
+        for n in range(1, len(out) + 1):  # an earlier request whose output the memory keeps
+            d.step([RowStep("m", [1, 2, *out], 2 + n, [out[n - 1]], prompt_len=2)])
+        d.forget("m")
+        ctx = [5, 6, 7, 8, 9, 10, 11, 12, 30, 31, 5, 6, 7, 8]
+        draft = d.step([RowStep("r", ctx, len(ctx), [8], prompt_len=13)])[0]
+        return draft, d.states["r"].last_p[0]
+
+    agree_draft, agree = first_estimate([7, 8, 9, 10, 11])
+    conflict_draft, conflict = first_estimate([7, 8, 50, 51, 52])
+    assert agree_draft[:2] == [9, 10] and conflict_draft[:1] in ([9], [50])
+    assert agree > conflict
+
+
 def test_history_factor_scales_a_candidate_once_and_waits_for_history():
     """A request's accepted / expected ratio moves off 1 only after a few tokens of history
     (``HISTORY_PRIOR`` pseudo-tokens each side), is clipped to [0.3, 1.6], and scales a candidate's

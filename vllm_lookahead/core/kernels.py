@@ -223,6 +223,21 @@ def memory_add_rows(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, 
 # of chain.py's constants: numba freezes a global into the compiled code, and its on-disk cache is keyed
 # on this file alone -- a change to a constant in another module would keep serving the stale kernel.
 SRC_NONE, SRC_CONTEXT, SRC_MEMORY = 0, 1, 2
+AGREE, CONFLICT, AGREE_STATES = 1, 2, 3  # core.chain's agreement blocks of the acceptance table
+
+
+@njit(inline="always")
+def _agreement(cand_c, length, toks, t0, other, o0, n_other, block):
+    """``core.chain.agreement_offsets``: the candidate ``toks[t0:t0 + length]``'s cells moved to the AGREE
+    block while ``other[o0:o0 + n_other]`` drafts the same tokens, to the CONFLICT block at the first
+    token where it drafts a different one."""
+    n = min(length, n_other)
+    j = 0
+    while j < n and toks[t0 + j] == other[o0 + j]:
+        cand_c[j] += AGREE * block
+        j += 1
+    if j < n:
+        cand_c[j] += CONFLICT * block
 
 
 @njit(inline="always")
@@ -265,24 +280,29 @@ def _propose_one(r, ctx, n, kid, h_a, h_e, p, k, min_match, max_match, nk, ntot,
     rho = min(max((h_a + HISTORY_PRIOR) / (h_e + HISTORY_PRIOR), 0.3), 1.6)  # chain.history_factor
     best_total = 0.0
     best_len = 0
+    block = len(p) // AGREE_STATES  # the cells of one agreement state
+    got, matched, at = 0, 0, 0
+    if kid >= 0:
+        got, matched, at = memory_lookup(nk, ntot, nbest, nbestc, kid, ctx, n, depth, k, 0.0, scratch, probs)
     end, m, cls = suffix_match_evidence(ctx, n, min_match, max_match)
+    length = min(k, n - end) if end >= 0 else 0
     if end >= 0:
-        length = min(k, n - end)
         bucket = ctx0 + 4 * cls + min(m, 4) - 1
         for j in range(length):
             cand_t[j] = ctx[end + j]
             cand_c[j] = bucket * depths + min(j, depths - 1)
+        _agreement(cand_c, length, ctx, end, scratch, at, got, block)
         total = _score(cand_c, length, p, rho, cand_p)
         if total > best_total:
             best_total, best_len = total, length
             out_src[r] = SRC_CONTEXT
             _keep(r, length, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc)
     if kid >= 0:
-        got, matched, at = memory_lookup(nk, ntot, nbest, nbestc, kid, ctx, n, depth, k, 0.0, scratch, probs)
         if got > 0:
             for j in range(got):
                 cand_t[j] = scratch[at + j]
                 cand_c[j] = _mem_cell(matched, probs[j], j, mem0, depths)
+            _agreement(cand_c, got, scratch, at, ctx, end, length, block)
             total = _score(cand_c, got, p, rho, cand_p)
             if total > best_total:
                 best_total, best_len = total, got
