@@ -467,6 +467,29 @@ def test_proposer_isolation_key_from_lora_and_tenant():
     assert len({isolation_key(req(lora=a, extra={"tenant": t})) for a in ("x", "y") for t in ("1", "2")}) == 4
 
 
+def test_proposer_drafts_no_more_than_a_request_can_still_commit():
+    """``draft_room``: a request ``r`` tokens short of ``max_tokens`` can use ``r - 1`` drafts (a step
+    commits its accepted drafts plus one), at most k; no ``max_tokens``, or a request the runner does not
+    know: k.  ``step_arrays`` cuts the drafts there and its measured rows count only what it drafted."""
+    from types import SimpleNamespace as NS
+
+    from vllm_lookahead.vllm.proposer import draft_room
+
+    reqs = {"a": NS(sampling_params=NS(max_tokens=10)), "b": NS(sampling_params=NS(max_tokens=None))}
+    # prompt 5 tokens; "a" has 7, 8, 9 outputs: 3, 2, 1 tokens left
+    assert draft_room(reqs, ["a", "a", "a", "b", "x"], [12, 13, 14, 14, 3], [5, 5, 5, 5, 1], 4) == [2, 1, 0, 4, 4]
+    assert draft_room(reqs, ["a"], [6], [5], 4) == [4]
+
+    d = LookaheadDrafter(LookaheadConfig(policy="chain", chain_min_p=0.0, chain_busy_min_p=0.0), 4)
+    ctx = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8]
+    tokens = np.array([ctx, ctx], dtype=np.int32)
+    args = (["p", "q"], tokens, np.array([12, 12]), [[8], [8]], np.array([0, 0]), np.array([11, 11]),
+            lambda rid: None)
+    assert d.batch_path(2)
+    assert d.step_arrays(*args, room=[4, 1]) == [[9, 10, 11, 12], [9]]
+    assert d.last_budget == 5
+
+
 def _replay(compiled: bool | str, seed: int, batch: int = 8, steps: int = 100, shrink: bool = False,
             **cfg) -> tuple[list, dict]:
     """Random decoding over a 12-token vocabulary (contexts and memory match often), a random prefix

@@ -113,10 +113,13 @@ class LookaheadConfig:
     """Output tokens kept in the engine-wide memory of earlier outputs (core/suffix_memory.py; 0 = off),
     oldest outputs evicted first.  Isolated per LoRA adapter and tenant (SamplingParams
     extra_args["lookahead"]["tenant"]).  Memory: at most `memory_depth` (context, next token) entries per
-    token, 44 bytes each in tables kept a quarter to half full (23-46 MB at the defaults, worst case)."""
-    memory_depth: int = 4
-    """Longest context (tokens) the output memory matches on (4: as much compression as 6 or 8 on 16
-    open prompts, at half the upkeep of 8)."""
+    token, 44 bytes each in tables kept a quarter to half full (46-92 MB at the defaults, worst case)."""
+    memory_depth: int = 8
+    """Longest context (tokens) the output memory matches on.  8 since session 26: with the context/memory
+    agreement evidence (core/chain.py) a longer match ranks the memory's drafts better -- replayed at
+    batch 1 (48 prompts, k=8) it made as many committed tokens from 2-4% fewer drafts at the floors a
+    busy batch uses, where 12 gained no more (4 had been as good as 6 or 8 without that evidence);
+    benchmarks/results/draft_ranking_{copy,open}_48_agree.json against draft_ranking_{copy,open}_48.json."""
     pool_max_batch: int = 0
     """Policies "chain" and "cost": LADE's pool and the Jacobi iterate are sources (and kept up to date)
     only while at most this many requests run (0 = never) -- their drafts are accepted least often (on

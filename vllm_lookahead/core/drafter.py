@@ -225,13 +225,15 @@ class LookaheadDrafter:
 
     def step_arrays(self, req_ids: list[str], tokens: np.ndarray, num_tokens: np.ndarray,
                     new_tokens: list[list[int]], verified: Sequence[int] | np.ndarray, prompt_lens: np.ndarray,
-                    key_of: Callable[[str], Hashable]) -> list[list[int]]:
+                    key_of: Callable[[str], Hashable], room: Sequence[int] | None = None) -> list[list[int]]:
         """``step`` for the engine's batch as it holds it, without a ``RowStep`` per row (``batch_path``
         steps only): row ``i`` is request ``req_ids[i]`` with committed tokens ``tokens[i, :num_tokens[i]]``
         (the runner's token array, read in place), ``new_tokens[i]`` sampled this step (vLLM's list;
         [] while prefilling), ``verified[i]`` draft tokens verified, a prompt of ``prompt_lens[i]``
-        tokens; ``key_of(req_id)`` gives a request's isolation key, asked once per request.  The same
-        drafts as ``step`` (tests/core/test_chain.py); why: core/batch_rows.py."""
+        tokens; ``key_of(req_id)`` gives a request's isolation key, asked once per request; ``room[i]``
+        (optional) the most draft tokens row ``i`` can still use (its ``max_tokens`` is near: the proposer's
+        ``draft_room``) -- a draft is cut there, and the step's measured rows count only what was drafted.
+        The same drafts as ``step`` (tests/core/test_chain.py); why: core/batch_rows.py."""
         if not self.batch_path(len(req_ids)):
             raise ValueError(f"step_arrays serves policy 'chain' above pool_max_batch rows, not "
                              f"{len(req_ids)} rows of policy {self.cfg.policy!r}")
@@ -278,6 +280,8 @@ class LookaheadDrafter:
                 kern.keep_drafts(rowdata[0], out_meta[2], out_tok, out_cell, out_pc, out_meta[1], b.last_len,
                                  b.last_tok, b.last_cells, b.last_p, b.last_src)
         counts = meta[2] if kept else self._keep_within_budget(rowdata[0], floor)
+        if room is not None:  # the verified counts tell the next step's bookkeeping what was really drafted
+            counts = [min(c, r) for c, r in zip(counts, room)]
         self._table_fresh = False
         self.last_budget = sum(counts)
         self._price_mark(n, self.last_budget, live, now)

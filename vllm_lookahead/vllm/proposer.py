@@ -61,6 +61,21 @@ class _Profile:
 PROFILE = _Profile()
 
 
+def draft_room(requests: Any, req_ids: list[str], num_tokens: list[int], prompt_lens: list[int], k: int) -> list[int]:
+    """How many draft tokens each row can still use: one step commits its accepted drafts plus one token,
+    so a request ``r`` output tokens short of its ``max_tokens`` uses at most ``r - 1`` drafts (capped at
+    ``k``).  Why: vLLM schedules whatever is drafted, and near the cap the rest are rows that cost step
+    time and can never be committed -- every request that stops at ``max_tokens`` pays that in its last
+    step or two (at batch 32 each row is ~0.05 ms, benchmarks/results/draft_row_cost.json)."""
+    room = []
+    for rid, nt, pl in zip(req_ids, num_tokens, prompt_lens):
+        req = requests.get(rid)
+        params = getattr(req, "sampling_params", None)
+        max_tokens = getattr(params, "max_tokens", None)
+        room.append(k if max_tokens is None else max(0, min(k, pl + max_tokens - nt - 1)))
+    return room
+
+
 def isolation_key(req: Any) -> tuple[Any, Any]:
     """Whose earlier outputs a request may draft from: (LoRA adapter, tenant).  The tenant is
     ``SamplingParams.extra_args["lookahead"]["tenant"]`` (or ``extra_args["tenant"]``); requests of
@@ -233,8 +248,10 @@ class LookaheadProposer:
         drafts = self.drafter.step(rows)
         if self.config.layout == "2d":
             self._lade_drafts(runner, rows, drafts, ran_2d)
-        # Never more than k per row: longer drafts crash vLLM's spec-decode metrics (IndexError).
-        return [d[: self.k] for d in drafts]
+        # Never more than k per row: longer drafts crash vLLM's spec-decode metrics (IndexError); never
+        # more than the request may still commit (``draft_room``)
+        room = draft_room(runner.requests, req_ids[:n], num_tokens, prompt_lens, self.k)
+        return [d[: r] for d, r in zip(drafts, room)]
 
     def _propose_arrays(self, runner: Any, req_ids: list[str], captured: tuple[list[str], Any, list[int]] | None,
                         sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
@@ -251,9 +268,11 @@ class LookaheadProposer:
             verified = [by_id.get(rid, 0) for rid in req_ids]
         self._step2d = None
         requests = runner.requests
+        prompt_lens = runner.input_batch.num_prompt_tokens
+        room = draft_room(requests, req_ids, np.asarray(num_tokens_no_spec[: len(req_ids)]).tolist(),
+                          np.asarray(prompt_lens[: len(req_ids)]).tolist(), self.k)
         return self.drafter.step_arrays(req_ids, token_ids_cpu, num_tokens_no_spec, sampled_token_ids, verified,
-                                        runner.input_batch.num_prompt_tokens,
-                                        lambda rid: isolation_key(requests.get(rid)))
+                                        prompt_lens, lambda rid: isolation_key(requests.get(rid)), room)
 
     def _lade_drafts(self, runner: Any, rows: list[RowStep], drafts: list[list[int]],
                      ran_2d: dict[str, lade2d.FlaggedRequest]) -> None:
