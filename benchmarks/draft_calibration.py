@@ -8,7 +8,9 @@ output memory holds the earlier prompts' outputs), verification simulated exactl
 argmax (``core.simulate``), and bins every drafted token by its estimate: per bin, the share of tokens
 that were really committed.  Per source too (context, memory), and for context drafts the first token's
 acceptance by the evidence class of its match (``kernels.suffix_match_evidence``: the matched suffix
-occurred once / more often and always followed by the same token / more often with different tokens).
+occurred once / more often and always followed by the same token / more often with different tokens),
+and per source the first token's acceptance by what the other source drafted there (``core.chain``'s
+agreement blocks: the same token, a different one, nothing).
 
     python benchmarks/draft_calibration.py --prompts open --n 48 --k 8 --set chain_min_p=0.15 \\
         --json benchmarks/results/draft_calibration_open_48.json
@@ -25,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ("once", "unanimous", "split")
+AGREEMENT = ("alone", "agree", "conflict")
+"""core.chain's agreement blocks: what the other source (context / memory) drafts at the first token"""
 
 
 def code_version() -> dict[str, str]:
@@ -95,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = drafter.cfg
     kern = load_kernels()
     step = drafter.step
-    seen: list[tuple[int, list[int], str, list[float], int]] = []  # (committed, draft, source, p_cum, class)
+    # (committed, draft, source, p_cum, context evidence class, agreement state of the first draft token)
+    seen: list[tuple[int, list[int], str, list[float], int, int]] = []
+    try:  # the acceptance table's agreement blocks (core.chain; older code has none)
+        from vllm_lookahead.core.chain import BLOCK
+    except ImportError:
+        BLOCK = 0
 
     def recording_step(rows):
         drafts = step(rows)
@@ -105,12 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         if st.last_source == "context" and hasattr(kern, "suffix_match_evidence"):  # (older code: no classes)
             evidence = int(kern.suffix_match_evidence(st.index.buf, len(st.index.tokens), cfg.min_match,
                                                       cfg.max_match)[2])
-        seen.append((row.num_tokens, list(drafts[0]), st.last_source, list(st.last_p), evidence))
+        agreement = st.last_cells[0] // BLOCK if BLOCK and st.last_cells else -1
+        seen.append((row.num_tokens, list(drafts[0]), st.last_source, list(st.last_p), evidence, agreement))
         return drafts
 
     drafter.step = recording_step
     bins: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])  # (source or "all", decile) -> n, committed
     first: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # context evidence class -> drafts, first accepted
+    # (source, agreement state of the first token) -> drafts, first accepted, sum of its estimates
+    agreed: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
     tokens = steps = drafted = committed = 0
     scored: dict[str, tuple[list[float], list[bool]]] = defaultdict(lambda: ([], []))  # source -> estimates, committed
     t0 = time.time()
@@ -121,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens += len(res.tokens)
         steps += res.steps
         full = list(ids) + res.tokens
-        for n_committed, draft, source, p_cum, evidence in seen:
+        for n_committed, draft, source, p_cum, evidence, agreement in seen:
             future = full[n_committed:]
             if not future or not draft:
                 continue
@@ -141,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             if evidence >= 0:
                 first[CLASSES[evidence]][0] += 1
                 first[CLASSES[evidence]][1] += a > 0
+            if agreement >= 0:
+                v = agreed[(source, AGREEMENT[agreement])]
+                v[0] += 1
+                v[1] += a > 0
+                v[2] += p_cum[0]
 
     def table(source: str) -> list[dict[str, float | int | str]]:
         return [{"estimate": f"{b / 10:.1f}-{(b + 1) / 10:.1f}", "tokens": v[0], "committed_share": v[1] / v[0]}
@@ -155,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         "ranking": {s: ranking_quality(*scored[s]) for s in ("all", "context", "memory")},
         "context_first_token_by_evidence": {c: {"drafts": v[0], "first_accepted_share": v[1] / v[0]}
                                             for c, v in first.items()},
+        "first_token_by_agreement": {f"{src}/{state}": {"drafts": v[0], "first_accepted_share": v[1] / v[0],
+                                                        "first_estimate_mean": v[2] / v[0]}
+                                     for (src, state), v in sorted(agreed.items())},
         "definition": "per bin of the estimated commit probability p_cum (deciles), the share of drafted tokens "
                       "that were committed (the token and all before it accepted); a calibrated estimate has "
                       "each bin's share inside the bin; ranking: how well the estimates order the tokens "
@@ -173,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
                           for t in rank["top"]))
     for c, v in out["context_first_token_by_evidence"].items():
         print(f"context match {c:<10}: {v['drafts']:>5} drafts, first token accepted {v['first_accepted_share']:.3f}")
+    for c, v in out["first_token_by_agreement"].items():
+        print(f"{c:<18}: {v['drafts']:>5} drafts, first token accepted {v['first_accepted_share']:.3f} "
+              f"(estimated {v['first_estimate_mean']:.3f})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
