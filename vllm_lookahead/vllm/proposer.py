@@ -245,13 +245,14 @@ class LookaheadProposer:
             verified, am = (0, None) if rid in ran_2d else argmax_rows.get(rid, (0, None))
             rows.append(RowStep(rid, token_ids_cpu[i], num_tokens[i], list(new), verified, am, prompt_lens[i],
                                 None if rid in known else isolation_key(runner.requests.get(rid))))
-        drafts = self.drafter.step(rows)
+        # a chain draft never holds more than the request may still commit (``draft_room``); a 2D step's
+        # rows below are a layout the verifier reads as a whole, never cut
+        room = draft_room(runner.requests, req_ids[:n], num_tokens, prompt_lens, self.k)
+        drafts = [d[:r] for d, r in zip(self.drafter.step(rows), room)]
         if self.config.layout == "2d":
             self._lade_drafts(runner, rows, drafts, ran_2d)
-        # Never more than k per row: longer drafts crash vLLM's spec-decode metrics (IndexError); never
-        # more than the request may still commit (``draft_room``)
-        room = draft_room(runner.requests, req_ids[:n], num_tokens, prompt_lens, self.k)
-        return [d[: r] for d, r in zip(drafts, room)]
+        # Never more than k per row: longer drafts crash vLLM's spec-decode metrics (IndexError).
+        return [d[: self.k] for d in drafts]
 
     def _propose_arrays(self, runner: Any, req_ids: list[str], captured: tuple[list[str], Any, list[int]] | None,
                         sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
