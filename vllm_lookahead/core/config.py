@@ -117,9 +117,10 @@ class LookaheadConfig:
     memory_depth: int = 8
     """Longest context (tokens) the output memory matches on.  8 since session 26: with the context/memory
     agreement evidence (core/chain.py) a longer match ranks the memory's drafts better -- replayed at
-    batch 1 (48 prompts, k=8) it made as many committed tokens from 2-4% fewer drafts at the floors a
-    busy batch uses, where 12 gained no more (4 had been as good as 6 or 8 without that evidence);
-    benchmarks/results/draft_ranking_{copy,open}_48_agree.json against draft_ranking_{copy,open}_48.json."""
+    batch 1 (48 prompts, k=8) at floors 0.2-0.45 it committed about as many tokens (-1% to +1%) from 1-4% fewer drafts than
+    depth 4, where 12 gained no more (a one-off sweep, not recorded; 4 had been as good as 6 or 8 without
+    that evidence).  Agreement and depth 8 together: benchmarks/results/draft_ranking_{copy,open}_48_agree.json
+    against draft_ranking_{copy,open}_48.json."""
     pool_max_batch: int = 0
     """Policies "chain" and "cost": LADE's pool and the Jacobi iterate are sources (and kept up to date)
     only while at most this many requests run (0 = never) -- their drafts are accepted least often (on
