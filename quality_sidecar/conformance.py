@@ -10,9 +10,13 @@ chart is the alarm; the baseline arm's chart is the control (an alarm there mean
 serving engine disagree: another model revision, dtype or sampler).  The mean token log-prob of each
 arm and their difference (nats/token, Welch CI) are exported as gauges.
 
-The request path is never touched: the sidecar calls the baseline server from its own thread through a
-bounded queue; a full queue skips (and counts) samples.  Without a baseline URL, /metrics says so
-(``quality_sidecar_conformance_monitored 0``) and the docs say that T>0 conformance is not monitored.
+The request path is never touched: the sidecar calls the baseline server from its own thread.  No
+selected sample is ever dropped: while the scorer is behind, the service stops reading its source
+(``workers.py``), and offsets are committed only past samples whose scoring finished.  Tokens the
+sampler could not have drawn (top-p / top-k / min-p / vocabulary violated) feed the
+``impossible_tokens`` chart, which alarms at once (``ImpossibleTokenChart``).  Without a baseline URL,
+/metrics says so (``quality_sidecar_conformance_monitored 0``) and the docs say that T>0 conformance
+is not monitored.
 
 Cost per scored sample: one prefill of prompt + output on the baseline server (no decode), plus
 ~0.1 ms of numpy here (K = 20).
@@ -22,14 +26,29 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .detectors.conformance import ConformanceChart, SamplerParams, SequenceScore, score_topk
-from .workers import BackgroundWorker
+from .detectors.conformance import (
+    OOS_TOLERANCE_NATS,
+    ConformanceChart,
+    ImpossibleTokenChart,
+    SamplerParams,
+    SequenceScore,
+    score_topk,
+)
+from .workers import (
+    BackgroundWorker,
+    RetryPolicy,
+    WorkFailed,
+    base_url,
+    classify_http_failure,
+    http_status_failure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +64,19 @@ class ConformanceConfig:
     # values are i.i.d. U(0,1) whatever the output lengths (see PitCusum).
     ert_tokens: float = 1e9
     shift: float = 0.04  # per-token shift of E[(u - 1/2) sqrt(12)] to detect fastest (= mean u +- 0.0115)
+    # Samples queued or in scoring at which the service stops reading its source until half are done
+    # (backpressure: selected samples are never dropped).
     max_queue: int = 256
-    timeout_s: float = 30.0
+    timeout_s: float = 60.0
+    retries: int = 6  # attempts per sample on timeouts, refused connections, 429 and 5xx (backoff 0.5 s x 2^i)
     api: str = "auto"  # prompt_logprobs | echo | auto (prompt_logprobs, falling back to echo)
+    # The served model's vocabulary size: token ids at or above it are impossible, and at T > 1 the
+    # unknown tail's mass is bounded by it (None: such tokens are skipped instead of counted).
+    vocab_size: int | None = None
+    oos_tolerance_nats: float = OOS_TOLERANCE_NATS  # numeric slack of an "impossible token" verdict
+    # Impossible tokens per token that numeric noise between the serving engine and the scorer may
+    # produce without alarming (measured on real exact streams: 0 in float32; see docs/sidecar.md).
+    impossible_floor_per_token: float = 1e-5
 
     def __post_init__(self) -> None:
         if not 0 <= self.fraction <= 1:
@@ -58,6 +87,12 @@ class ConformanceConfig:
             raise ValueError(f"conformance.api must be auto, prompt_logprobs or echo, got {self.api!r}")
         if self.ert_tokens <= 1 or self.shift <= 0:
             raise ValueError("conformance.ert_tokens must be > 1 and conformance.shift > 0")
+        if self.max_queue < 1 or self.retries < 1 or self.timeout_s <= 0:
+            raise ValueError("conformance.max_queue and conformance.retries must be >= 1, timeout_s > 0")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"conformance.vocab_size must be >= 1, got {self.vocab_size}")
+        if self.oos_tolerance_nats < 0 or self.impossible_floor_per_token < 0:
+            raise ValueError("conformance.oos_tolerance_nats and impossible_floor_per_token must be >= 0")
 
 
 class LogprobClient:
@@ -71,15 +106,26 @@ class LogprobClient:
 
     def __init__(self, url: str, model: str | None = None, top_logprobs: int = 20, timeout_s: float = 30.0,
                  api: str = "auto"):
-        self.url, self.model, self.k, self.timeout_s, self.api = url.rstrip("/"), model, top_logprobs, timeout_s, api
+        self.url, self.model, self.k, self.timeout_s, self.api = base_url(url), model, top_logprobs, timeout_s, api
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/completions; failures as ``WorkFailed`` (``rejected_token_ids`` when the server
+        refuses the sequence's token ids: vLLM answers 400 "Token id N is out of vocabulary")."""
         import requests
 
-        r = requests.post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s)
-        if r.status_code >= 400:
-            raise RuntimeError(f"baseline server {self.url} answered {r.status_code}: {r.text[:300]}")
-        return r.json()
+        try:
+            r = requests.post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s)
+        except requests.RequestException as e:
+            raise classify_http_failure(e) from e
+        if r.status_code >= 300:
+            err = http_status_failure(self.url, r.status_code, r.text)
+            if r.status_code == 400 and re.search(r"token[ _]?id|vocab", r.text, re.I):
+                err.reason = "rejected_token_ids"
+            raise err
+        try:
+            return r.json()
+        except ValueError as e:
+            raise WorkFailed("bad_response", f"{self.url} answered non-JSON: {r.text[:200]}", False) from e
 
     def score(self, prompt_ids: list[int], output_ids: list[int], model: str | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -94,13 +140,13 @@ class LogprobClient:
             if plp is not None:
                 return self._from_prompt_logprobs(plp[-n:], output_ids)
             if self.api == "prompt_logprobs":
-                raise RuntimeError("baseline server ignored prompt_logprobs (not vLLM?): use api=echo")
+                raise WorkFailed("bad_response", "baseline server ignored prompt_logprobs (not vLLM?): use api=echo", False)
         body = {"model": model or self.model, "prompt": seq, "max_tokens": 1, "temperature": 0.0, "echo": True,
                 "logprobs": self.k, "return_tokens_as_token_ids": True}
         lp = self._post(body)["choices"][0].get("logprobs") or {}
         tops, toks = lp.get("top_logprobs"), lp.get("token_logprobs")
         if not tops or toks is None or len(toks) < len(seq):
-            raise RuntimeError("baseline server returned no echo log-probs for the prompt")
+            raise WorkFailed("bad_response", "baseline server returned no echo log-probs for the prompt", False)
         return self._from_echo(tops[len(seq) - n:len(seq)], toks[len(seq) - n:len(seq)], output_ids)
 
     def _from_prompt_logprobs(self, rows: list[dict[str, Any]], output_ids: list[int]):
@@ -110,14 +156,14 @@ class LogprobClient:
         tok = np.empty(len(rows))
         for i, (d, y) in enumerate(zip(rows, output_ids)):
             if d is None:
-                raise RuntimeError("baseline server returned no log-probs for an output position")
+                raise WorkFailed("bad_response", "baseline server returned no log-probs for an output position", False)
             items = sorted(((int(t), v) for t, v in d.items()), key=lambda kv: kv[1].get("rank", 0) or 0)
             top = [(t, v["logprob"]) for t, v in items if (v.get("rank") or 0) <= k][:k]
             for j, (t, v) in enumerate(top):
                 ids[i, j], lps[i, j] = t, v
             entry = d.get(str(y)) or d.get(y)
             if entry is None:
-                raise RuntimeError(f"baseline server omitted the sampled token {y} from prompt_logprobs")
+                raise WorkFailed("bad_response", f"baseline server omitted the sampled token {y} from prompt_logprobs", False)
             tok[i] = entry["logprob"]
         return ids, lps, tok
 
@@ -128,58 +174,98 @@ class LogprobClient:
         tok = np.empty(len(tops))
         for i, (d, t_lp) in enumerate(zip(tops, toks)):
             if d is None or t_lp is None:
-                raise RuntimeError("baseline server returned no log-probs for an output position")
+                raise WorkFailed("bad_response", "baseline server returned no log-probs for an output position", False)
             items = sorted(d.items(), key=lambda kv: -kv[1])[:k]
             for j, (name, v) in enumerate(items):
                 if not str(name).startswith("token_id:"):
-                    raise RuntimeError("echo log-probs without token ids (server lacks return_tokens_as_token_ids)")
+                    raise WorkFailed("bad_response", "echo log-probs without token ids (server lacks return_tokens_as_token_ids)", False)
                 ids[i, j], lps[i, j] = int(str(name).split(":", 1)[1]), v
             tok[i] = t_lp
         return ids, lps, tok
 
 
+def scorable(sample: dict[str, Any]) -> SamplerParams | str | None:
+    """The sampler to judge a sample under, a reason it cannot be judged, or None (not T>0 plain).
+
+    Excluded, with the reason as a string: requests that ended by ``abort`` / ``error`` (cut at an
+    arbitrary point, and always sampled by the producer: ~100x over-represented), ``min_tokens`` > 0
+    (EOS was masked until then: the sampler's distribution differs from the model's), and samples
+    without token ids.  None: greedy, penalties, logit modifiers, structured output.
+    """
+    params = SamplerParams.from_sampling(sample.get("sampling"))
+    if params is None:
+        return None
+    out = sample.get("output") or {}
+    if sample.get("error") or out.get("finish_reason") in ("abort", "error"):
+        return "aborted"
+    if ((sample.get("sampling") or {}).get("min_tokens") or 0) > 0:
+        return "min_tokens"
+    if not sample.get("prompt_token_ids") or not out.get("token_ids"):
+        return "no_token_ids"
+    return params
+
+
+def out_of_vocab_score(token_ids: list[int], vocab_size: int) -> SequenceScore | None:
+    """A sample holding token ids outside the vocabulary, judged without asking the server (which
+    would refuse it): those tokens are impossible, the others unscored.  None when all ids are valid."""
+    ids = np.asarray(token_ids, np.int64)
+    bad = int(((ids < 0) | (ids >= vocab_size)).sum())
+    if not bad:
+        return None
+    return SequenceScore(np.full(len(ids), np.nan), np.zeros(0), out_of_support=bad, skipped=len(ids) - bad,
+                         oos_reasons={"vocab": bad})
+
+
 class ScoringWorker(BackgroundWorker):
     """Background scorer: ``submit(sample)`` (non-blocking) -> ``on_result(sample, SequenceScore)``.
 
-    Counts (``counts``): ``submitted``, ``done`` (scored), ``failed``, ``skipped_queue_full``,
-    ``skipped_no_token_ids``; samples that are not plain T>0 (greedy, penalties, logit modifiers)
-    are not selected and not counted.
+    Counts (``counts``): ``submitted``, ``done`` (scored), ``failed``, ``retries`` and
+    ``skipped_<reason>`` (``scorable``); ``failures`` per (arm, reason).  Samples that are not plain
+    T>0 (greedy, penalties, logit modifiers) are not eligible and not counted.
     """
 
     thread_name = "conformance-scorer"
 
     def __init__(self, client: LogprobClient, on_result: Callable[[dict, SequenceScore], None],
-                 cfg: ConformanceConfig, vocab_size: int | None = None, seed: int = 0):
-        self.client, self.on_result, self.cfg, self.vocab_size = client, on_result, cfg, vocab_size
+                 cfg: ConformanceConfig, seed: int = 0):
+        self.client, self.on_result, self.cfg = client, on_result, cfg
         self.np_rng = np.random.default_rng(seed)
-        super().__init__(cfg.fraction, cfg.max_queue, seed)
-        self.counts["skipped_no_token_ids"] = 0
+        super().__init__(cfg.fraction, cfg.max_queue, seed, RetryPolicy(attempts=cfg.retries))
 
     def prepare(self, sample: dict[str, Any]) -> Any:
-        params = SamplerParams.from_sampling(sample.get("sampling"))
-        if params is None:
-            return None
-        if not sample.get("prompt_token_ids") or not (sample.get("output") or {}).get("token_ids"):
-            return "no_token_ids"
-        return sample, params
+        params = scorable(sample)
+        return params if params is None or isinstance(params, str) else (sample, params)
+
+    def arm_of(self, item: tuple[dict[str, Any], SamplerParams]) -> str:
+        return item[0]["deployment"]["arm"]
 
     def handle(self, item: tuple[dict[str, Any], SamplerParams]) -> None:
         sample, params = item
         out = sample["output"]["token_ids"]
-        ids, lps, tok = self.client.score(sample["prompt_token_ids"], out, model=sample.get("model"))
-        self.on_result(sample, score_topk(ids, lps, out, tok, params, self.np_rng, vocab_size=self.vocab_size))
+        cfg = self.cfg
+        sc = out_of_vocab_score(out, cfg.vocab_size) if cfg.vocab_size else None
+        if sc is None:
+            ids, lps, tok = self.client.score(sample["prompt_token_ids"], out, model=sample.get("model"))
+            sc = score_topk(ids, lps, out, tok, params, self.np_rng, vocab_size=cfg.vocab_size,
+                            tolerance=cfg.oos_tolerance_nats)
+        self.on_result(sample, sc)
+
+
+IMPOSSIBLE_ALPHA = 1e-6  # per update of the impossible-token chart (see ImpossibleTokenChart)
 
 
 class ConformanceMonitor:
-    """Per-(model, arm) PIT charts and log-prob accumulators for one model."""
+    """Per-(model, arm) PIT/excess charts, the impossible-token chart and log-prob accumulators."""
 
     STATE = ("stats",)
 
     def __init__(self, model: str, cfg: ConformanceConfig, restart_after_alarm: bool = False):
         self.model, self.cfg, self.restart_after_alarm = model, cfg, restart_after_alarm
         self.charts: dict[str, ConformanceChart] = {}
+        self.impossible = ImpossibleTokenChart(IMPOSSIBLE_ALPHA, cfg.impossible_floor_per_token, restart_after_alarm)
         self.stats: dict[str, dict[str, float]] = {}
         self.examples: dict[str, list[tuple[str | None, str]]] = {}
+        self.impossible_examples: dict[str, list[tuple[str | None, str]]] = {}
 
     def _chart(self, arm: str) -> ConformanceChart:
         c = self.charts.get(arm)
@@ -190,8 +276,18 @@ class ConformanceMonitor:
                                "lp_sum": 0.0, "lp_sumsq": 0.0}
         return c
 
+    def add_impossible(self, arm: str, n_tokens: int, reasons: dict[str, int], trace_id: str | None,
+                       request_id: str):
+        """Count a sample's impossible tokens (also for samples the server refused); the chart's Result."""
+        if any(reasons.values()):
+            ex = self.impossible_examples.setdefault(arm, [])
+            ex.append((trace_id, request_id))
+            del ex[:-5]
+        return self.impossible.add(arm, n_tokens, reasons)
+
     def add(self, arm: str, score: SequenceScore, trace_id: str | None, request_id: str):
-        """Feed one scored sample; returns the chart's Result."""
+        """Feed one scored sample; returns (the PIT/excess chart's Result, the impossible-token Result)."""
+        ri = self.add_impossible(arm, score.n_tokens, score.oos_reasons, trace_id, request_id)
         chart = self._chart(arm)
         st = self.stats[arm]
         st["samples"] += 1
@@ -208,7 +304,7 @@ class ConformanceMonitor:
         del ex[:-5]
         r = chart.update([score])
         r.extra.update(self.summary(arm))
-        return r
+        return r, ri
 
     def mean_logprob(self, arm: str) -> tuple[float, float, int]:
         """(mean of per-sample mean token log-probs, its variance, n) for an arm."""
@@ -240,15 +336,20 @@ class ConformanceMonitor:
                 "logprob_shift_nats_per_token": d, "logprob_shift_ci95": [lo, hi]}
 
     def get_state(self) -> dict[str, Any]:
-        return {"stats": self.stats, "charts": {a: c.get_state() for a, c in self.charts.items()}}
+        return {"stats": self.stats, "charts": {a: c.get_state() for a, c in self.charts.items()},
+                "impossible": self.impossible.get_state()}
 
     def set_state(self, st: dict[str, Any]) -> None:
         for arm, cs in (st.get("charts") or {}).items():
             self._chart(arm).set_state(cs)
         self.stats.update(st.get("stats") or {})
+        self.impossible.set_state(st.get("impossible") or {})
 
-    def reset(self, arm: str | None = None) -> None:
+    def reset(self, arm: str | None = None, detector: str | None = None) -> None:
         """Acknowledge: restart the chart(s) so they can fire again (accumulators are kept)."""
-        for a, c in self.charts.items():
-            if arm is None or a == arm:
-                c.reset()
+        if detector in (None, "sampling_conformance"):
+            for a, c in self.charts.items():
+                if arm is None or a == arm:
+                    c.reset()
+        if detector in (None, "impossible_tokens"):
+            self.impossible.reset(arm)

@@ -6,6 +6,12 @@ the state (per-partition next offsets, the request-id dedupe window, counters, d
 only then commits the offsets to Kafka.  After a crash the restarted sidecar loads the state, skips
 redelivered records below the saved offsets and drops request ids it has already seen - so nothing
 is lost (uncommitted records are redelivered) and nothing is counted twice.
+
+Baseline-server workers (T>0 scorer, T=0 replay): a sample handed to one is *pending* until the
+worker is done with it; offsets are committed only below the oldest pending sample, and the
+checkpoint lists the pending request ids, so that after a crash those records come back and go to
+their worker again (their other counts are already in the state).  While a worker is behind, the
+source is paused (``_backpressure``): a consumer catching up on lag scores what a live one would.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ ALARM_HELP = {
                              "baseline model's own likelihood (PIT)",
                              "speculative sampling is not lossless: roll the candidate back; on the "
                              "baseline arm it means the scorer and the serving engine differ (model, dtype)"),
+    "impossible_tokens": ("T>0 outputs hold tokens the request's sampler could not have drawn (outside its "
+                          "top-p / top-k / min-p cut or the vocabulary)",
+                          "the decoder ignores a sampling parameter: roll the candidate back; detail.reasons "
+                          "names the parameter; on the baseline arm the scorer and the serving engine differ"),
 }
 
 
@@ -111,6 +121,12 @@ class Pipeline:
         self.pairs: dict[str, PairTable] = {}
         self.conformance: dict[str, ConformanceMonitor] = {}
         self.seen: OrderedDict[str, None] = OrderedDict()
+        # Samples handed to a worker (scorer / replay) and not finished: request id -> (worker, topic,
+        # partition, offset).  Offsets are committed only below the oldest of them, and a checkpoint
+        # saves them, so that after a crash their redelivered records are worked on again (``rework``).
+        self.pending: dict[str, tuple[str, str, int, int]] = {}
+        self.rework: dict[str, str] = {}  # request id -> worker, restored from a checkpoint
+        self.redelivered: list[tuple[str, dict[str, Any]]] = []  # (worker, sample) found by decode
         self.counts = {"samples": 0, "duplicates": 0, "dlq": 0}
         self.dlq_reasons: dict[str, int] = {}
         self.alarm_log: list[dict[str, Any]] = []
@@ -176,6 +192,9 @@ class Pipeline:
         rid = obj["request_id"]
         if rid in self.seen:
             self.counts["duplicates"] += 1
+            worker = self.rework.pop(rid, None)
+            if worker is not None:  # counted before a crash, but its worker had not finished it
+                self.redelivered.append((worker, obj))
             return None
         self.seen[rid] = None
         if len(self.seen) > self.cfg.dedupe_window:
@@ -202,6 +221,47 @@ class Pipeline:
             self._emit(alarms)
         return alarms
 
+    def track(self, worker: str, sample: dict[str, Any], where: tuple[str, int, int]) -> None:
+        with self._lock:
+            self.pending[sample["request_id"]] = (worker, *where)
+
+    def untrack(self, sample: dict[str, Any]) -> None:
+        with self._lock:
+            self.pending.pop(sample["request_id"], None)
+
+    def pending_floor(self) -> dict[tuple[str, int], int]:
+        """Per partition, the oldest offset a worker has not finished: commits stop there."""
+        out: dict[tuple[str, int], int] = {}
+        with self._lock:
+            for _w, t, p, o in self.pending.values():
+                out[(t, p)] = min(out.get((t, p), o), o)
+        return out
+
+    def worker_failed(self, sample: dict[str, Any], reason: str) -> None:
+        """A worker gave a sample up (after its retries).  A server that refuses the token ids of a
+        T>0 sample is evidence too: the sequence holds a token outside the model's vocabulary."""
+        with self._lock:
+            self.pending.pop(sample["request_id"], None)
+            if reason == "rejected_token_ids" and (sample.get("sampling") or {}).get("temperature"):
+                mon = self._conformance(sample["model"])
+                n = len((sample.get("output") or {}).get("token_ids") or [])
+                arm = sample["deployment"]["arm"]
+                r = mon.add_impossible(arm, n, {"vocab": 1}, sample.get("trace_id"), sample["request_id"])
+                self.metrics.impossible.labels(sample["model"], arm, "vocab").inc()
+                self._alarm_impossible(mon, sample["model"], arm, r)
+
+    def _conformance(self, model: str) -> ConformanceMonitor:
+        mon = self.conformance.get(model)
+        if mon is None:
+            mon = self.conformance[model] = ConformanceMonitor(
+                model, self.cfg.conformance, restart_after_alarm=self.cfg.monitor.restart_after_alarm)
+        return mon
+
+    def _alarm_impossible(self, mon: ConformanceMonitor, model: str, arm: str, r: Any) -> None:
+        if r.alarm_new:
+            ex = mon.impossible_examples.get(arm, [])
+            self._emit([Alarm("impossible_tokens", model, arm, r, [t for t, _ in ex if t], [q for _, q in ex])])
+
     def add_replay_pair(self, sample: dict[str, Any], baseline: dict[str, Any]) -> None:
         """Callback of the replay worker: pair a greedy output with the baseline server's answer.
 
@@ -212,6 +272,7 @@ class Pipeline:
         if cand is None or base is None:
             cand, base = sample["output"].get("text"), baseline.get("text")
         with self._lock:
+            self.pending.pop(sample["request_id"], None)
             pt = self.pairs.setdefault(sample["model"], PairTable(sample["model"], self.cfg.monitor))
             if sample["deployment"]["arm"] == "baseline":
                 pt.add_aa_pair(cand, base)
@@ -222,10 +283,14 @@ class Pipeline:
         """Callback of the conformance scorer: one T>0 sample scored under the baseline model."""
         model, arm = sample["model"], sample["deployment"]["arm"]
         with self._lock:
-            mon = self.conformance.setdefault(model, ConformanceMonitor(
-                model, self.cfg.conformance, restart_after_alarm=self.cfg.monitor.restart_after_alarm))
-            r = mon.add(arm, score, sample.get("trace_id"), sample["request_id"])
+            self.pending.pop(sample["request_id"], None)
+            mon = self._conformance(model)
+            r, ri = mon.add(arm, score, sample.get("trace_id"), sample["request_id"])
             self.metrics.conformance_scored.labels(model, arm).inc()
+            self.metrics.conformance_tokens.labels(model, arm).inc(score.n_tokens)
+            for reason, n in score.oos_reasons.items():
+                self.metrics.impossible.labels(model, arm, reason).inc(n)
+            self._alarm_impossible(mon, model, arm, ri)
             if r.alarm_new:
                 ex = mon.examples.get(arm, [])
                 self._emit([Alarm("sampling_conformance", model, arm, r, [t for t, _ in ex if t],
@@ -280,6 +345,10 @@ class Pipeline:
                     mean, _, n = cm.mean_logprob(arm)
                     if n:
                         m.conformance_logprob.labels(model, arm).set(mean)
+                for arm, st in cm.impossible.arms.items():
+                    m.alarm.labels("impossible_tokens", model, arm).set(1 if st["alarm"] else 0)
+                    m.statistic.labels("impossible_tokens", model, arm).set(st["impossible"])
+                    m.pvalue.labels("impossible_tokens", model, arm).set(cm.impossible.pvalue(arm))
                 d, _, _ = cm.shift()
                 if not math.isnan(d):
                     m.conformance_shift.labels(model).set(d)
@@ -307,6 +376,10 @@ class Pipeline:
                          "statistic": max(c.s_up_, c.s_down_), "threshold": c.threshold_,
                          "alarm_index": c.alarm_index_, "samples_since_fit": c.n_}
                         for arm, c in cm.charts.items() if c.alarm_]
+                out += [{"detector": "impossible_tokens", "model": model, "arm": arm, "statistic": st["impossible"],
+                         "threshold": cm.impossible.alpha, "alarm_index": st["alarm_index"],
+                         "samples_since_fit": st["samples"], "reasons": st["reasons"]}
+                        for arm, st in cm.impossible.arms.items() if st["alarm"]]
         return [to_jsonable(a) for a in out]
 
     def acknowledge(self, detector: str | None = None, model: str | None = None, arm: str | None = None,
@@ -332,8 +405,13 @@ class Pipeline:
                 for a, c in cm.charts.items():
                     if c.alarm_ and detector in (None, "sampling_conformance") and model in (None, m) \
                             and arm in (None, a):
-                        cm.reset(a)
+                        cm.reset(a, "sampling_conformance")
                         done.append({"detector": "sampling_conformance", "model": m, "arm": a})
+                for a, st in list(cm.impossible.arms.items()):
+                    if st["alarm"] and detector in (None, "impossible_tokens") and model in (None, m) \
+                            and arm in (None, a):
+                        cm.reset(a, "impossible_tokens")
+                        done.append({"detector": "impossible_tokens", "model": m, "arm": a})
             if done:
                 self._control_event("quality_sidecar.ack", {"acknowledged": done, "by": by})
         return done
@@ -382,6 +460,7 @@ class Pipeline:
                     "compare": {m: c.get_state() for m, c in self.compare.items()},
                     "pairs": {m: p.get_state() for m, p in self.pairs.items()},
                     "conformance": {m: c.get_state() for m, c in self.conformance.items()},
+                    "pending": {rid: w for rid, (w, *_where) in self.pending.items()},
                     "alarms": self.alarm_log[-100:], "control": self.control_log[-100:]}
 
     def set_state(self, st: dict[str, Any]) -> None:
@@ -390,11 +469,10 @@ class Pipeline:
         for r, n in self.dlq_reasons.items():
             self.metrics.dlq.labels(r).inc(n)
         self.seen = OrderedDict.fromkeys(st["seen"])
+        self.rework = dict(st.get("pending") or {})
         self.alarm_log = st.get("alarms", [])
         for model, cs in (st.get("conformance") or {}).items():
-            mon = self.conformance[model] = ConformanceMonitor(
-                model, self.cfg.conformance, restart_after_alarm=self.cfg.monitor.restart_after_alarm)
-            mon.set_state(cs)
+            self._conformance(model).set_state(cs)
         for key, ss in st["streams"].items():
             model, arm = key.split("\x1f")
             mon = self.streams[(model, arm)] = StreamMonitor(model, arm, self.cfg.monitor)
@@ -457,7 +535,7 @@ class Service:
             self.source.seek_line(max(self.offsets.values()))
         self.replay = None
         self.scorer = None
-        self._reported: dict[tuple[str, str], int] = {}
+        self._reported: dict[tuple[str, ...], int] = {}
         self.metrics.conformance_monitored.set(1 if cfg.baseline_url and cfg.conformance.fraction > 0 else 0)
         if cfg.baseline_url and cfg.conformance.fraction > 0:
             from .conformance import LogprobClient, ScoringWorker
@@ -469,13 +547,21 @@ class Service:
         elif not cfg.baseline_url:
             log.warning("no --baseline-url: T>0 sampling conformance is NOT monitored "
                         "(quality_sidecar_conformance_monitored 0)")
-        if cfg.baseline_url:
-            from .detectors.replay import BaselineReplayClient, ReplayWorker
+        if cfg.baseline_url and cfg.replay_fraction > 0:
+            from .replay import BaselineReplayClient, ReplayWorker
 
             self.replay = ReplayWorker(BaselineReplayClient(cfg.baseline_url), self.pipeline.add_replay_pair,
                                        fraction=cfg.replay_fraction)
+        self.workers = {name: w for name, w in (("conformance", self.scorer), ("replay", self.replay)) if w}
+        for name, w in self.workers.items():
+            w.on_failure = self.pipeline.worker_failed
+            self.metrics.baseline_up.labels(name).set(1)
+            if self.http is not None:
+                self.http.checks[f"baseline server ({name})"] = (lambda w=w: w.up)
         self.stopping = threading.Event()
-        self.uncommitted: dict[tuple[str, int], int] = {}
+        # next offset after the last record processed, per partition (committed up to the oldest
+        # sample a worker has not finished: ``Pipeline.pending_floor``)
+        self.consumed: dict[tuple[str, int], int] = {}
 
     def request_stop(self, *_args) -> None:
         self.stopping.set()
@@ -528,6 +614,8 @@ class Service:
                       "last committed checkpoint", partitions)
             raise
         self._finish_checkpoint()
+        for tp in partitions:  # a worker may still finish one of their samples: its next owner redoes it
+            self.consumed.pop(tp, None)
 
     def _export_lag(self) -> None:
         """kafka-lag-exporter's per-partition gauges for the partitions this member owns now."""
@@ -554,8 +642,42 @@ class Service:
                     m.partition_latest_offset.remove(labels[0], labels[2], labels[3])
         self._lag_labels = current
 
+    def _backpressure(self) -> bool:
+        """Pause the source while a worker is behind (Kafka: pause the partitions and keep polling, so
+        the member stays in its group; a file: stop reading).  True while paused."""
+        behind = False
+        for name, w in self.workers.items():
+            sat = w.saturated
+            self.metrics.backpressure.labels(name).set(1 if sat else 0)
+            self.metrics.worker_pending.labels(name).set(w.pending)
+            behind |= sat
+        if behind and hasattr(self.source, "pause"):
+            self.source.pause()
+        elif not behind and hasattr(self.source, "resume"):
+            self.source.resume()
+        return behind
+
+    def _submit(self, sample: dict[str, Any], where: tuple[str, int, int], only: str | None = None) -> None:
+        """Hand a sample to each worker that draws it (``only``: to that worker, no draw: redelivered
+        work a crash interrupted), tracked until the worker is done with it."""
+        for name, w in self.workers.items():
+            if only not in (None, name):
+                continue
+            item = w.selected(sample) if only is None else w.prepare(sample)
+            if item is None or isinstance(item, str):
+                continue
+            self.pipeline.track(name, sample, where)
+            w.enqueue(item)
+            if name == "conformance":
+                self.metrics.conformance_selected.labels(sample["model"], sample["deployment"]["arm"]).inc()
+
     def step(self, timeout_s: float = 0.5) -> int:
         """One poll + process; returns the number of records handled."""
+        if self._backpressure() and not hasattr(self.source, "pause"):
+            if self.http is not None:
+                self.http.heartbeat = time.monotonic()
+            time.sleep(min(timeout_s, 0.05))
+            return 0
         records = self.source.poll(timeout_s, self.cfg.max_poll_records)
         # Micro-batching: a live topic hands out a few records per poll, and each process() call has
         # a fixed cost (vectoriser, chart updates) of a few ms; gather up to ``batch_linger_s`` more.
@@ -589,24 +711,24 @@ class Service:
             sample = self.pipeline.decode(rec.value, rec.where, self.dlq)
             if sample is not None:
                 valid.append(sample)
-                if self.replay is not None and sample["deployment"]["arm"] in ("candidate", "baseline") and \
-                        (sample.get("sampling") or {}).get("temperature") == 0:  # baseline: A/A pairs
-                    self.replay.submit(sample)
-                if self.scorer is not None:
-                    self.scorer.submit(sample)
-            self.uncommitted[tp] = rec.offset + 1
+                self._submit(sample, (*tp, rec.offset))
+            for worker, again in self.pipeline.redelivered:
+                self._submit(again, (*tp, rec.offset), only=worker)
+            self.pipeline.redelivered.clear()
+            self.consumed[tp] = rec.offset + 1
         self.pipeline.process(valid)
         if self.http is not None:
             self.http.heartbeat = time.monotonic()
         return len(records)
 
-    def _export_counts(self, worker: str, counts: dict[str, int], counter: Any, wanted: Callable[[str], bool]) -> None:
-        for key, n in counts.items():
+    def _export_counts(self, worker: str, counts: dict[Any, int], counter: Any, wanted: Callable[[Any], bool],
+                       labels: Callable[[Any], tuple[str, ...]] = lambda k: (k,)) -> None:
+        for key, n in list(counts.items()):
             if wanted(key):
-                seen = self._reported.get((worker, key), 0)
+                seen = self._reported.get((worker, *labels(key)), 0)
                 if n > seen:
-                    counter.labels(key).inc(n - seen)
-                    self._reported[(worker, key)] = n
+                    counter.labels(*labels(key)).inc(n - seen)
+                    self._reported[(worker, *labels(key))] = n
 
     def checkpoint(self, export_lag: bool = True) -> None:
         """Flush outputs, persist state, then commit: the order that makes crashes harmless."""
@@ -633,17 +755,24 @@ class Service:
         # Counters follow the workers' own counts (the workers never touch metrics).
         if self.scorer is not None:
             self._export_counts("scorer", self.scorer.counts, self.metrics.conformance_skipped,
-                                lambda k: k.startswith("skipped") or k == "failed")
+                                lambda k: k.startswith("skipped_"), lambda k: (k.removeprefix("skipped_"),))
         if self.replay is not None:
             self._export_counts("replay", self.replay.counts, self.metrics.replay_samples, lambda k: k != "submitted")
+        for name, w in self.workers.items():
+            self._export_counts(f"{name}-failures", w.failures, self.metrics.worker_failed, lambda k: True,
+                                lambda k, name=name: (name, *k))
+            self.metrics.baseline_up.labels(name).set(1 if w.up else 0)
         if export_lag:
             self._export_lag()
-        if not self.uncommitted and not self.pipeline.control_dirty:
+        floor = self.pipeline.pending_floor()
+        commit = {tp: min(o, floor.get(tp, o)) for tp, o in self.consumed.items()}
+        commit = {tp: o for tp, o in commit.items() if o > self.offsets.get(tp, -1)}
+        if not commit and not self.pipeline.control_dirty:
             return None  # an ack / rebaseline with no new records still has to reach the state file
         if self.dlq is not None:
             self.dlq.flush()
         self.alerts.flush()
-        self.offsets.update(self.uncommitted)
+        self.offsets.update(commit)
         self.pipeline.control_dirty = False
         self._checkpoints += 1
         tag = f"quality-sidecar:{self._instance}:{self._checkpoints}"
@@ -651,12 +780,11 @@ class Service:
             save_state(f"{self.cfg.state_path}.pending", {
                 "pipeline": self.pipeline.get_state(), "tag": tag,
                 "offsets": [[t, p, o] for (t, p), o in self.offsets.items()]})
-        return dict(self.uncommitted), tag
+        return commit, tag
 
     def _finish_checkpoint(self) -> None:
         if self.cfg.state_path:
             os.replace(f"{self.cfg.state_path}.pending", self.cfg.state_path)
-        self.uncommitted = {}
 
     def run(self) -> int:
         """Loop until SIGTERM/SIGINT, end of a file source, or ``max_samples``; 0 on clean exit."""
@@ -682,8 +810,8 @@ class Service:
                     self.checkpoint()
                     last = time.monotonic()
                 if getattr(self.source, "eof", False):
-                    if self.scorer is not None:  # a file is scored completely before the final checkpoint
-                        self.scorer.drain()
+                    for w in self.workers.values():  # a file is worked through before the final checkpoint
+                        w.drain(None, self.stopping)
                     break
                 if self.cfg.max_samples and self.pipeline.counts["samples"] >= self.cfg.max_samples:
                     break
@@ -702,10 +830,8 @@ class Service:
                 "config": asdict(self.cfg)}
 
     def close(self) -> None:
-        if self.replay is not None:
-            self.replay.close()
-        if self.scorer is not None:
-            self.scorer.close()
+        for w in self.workers.values():
+            w.close()
         if self.dlq is not None:
             self.dlq.close()
         self.alerts.close()

@@ -1,15 +1,23 @@
 """One background-worker shape for everything the sidecar asks a baseline server.
 
-Both the T=0 replay (``detectors/replay.py``) and the T>0 conformance scorer (``conformance.py``) take
-a sampled fraction of samples off the consumer loop, call a remote server, and hand the result on.
-They share the rules that keep that safe, so the rules live here once:
+Both the T=0 replay (``replay.py``) and the T>0 conformance scorer (``conformance.py``) take a sampled
+fraction of samples off the consumer loop, call a remote server, and hand the result on.  They share
+the rules that keep the evidence whole, so the rules live here once:
 
-- ``submit`` never blocks: a bounded queue; when it is full the sample is skipped and counted
-  (backpressure must not reach the Kafka consumer, whose poll interval is bounded);
-- a failing server is counted and logged, never raised into the consumer;
-- ``counts`` is the only output besides the callback (the service turns it into metrics; the worker
-  never touches them, so it stays testable without a registry);
-- ``drain`` waits on the queue's own unfinished-task count, so it is exact.
+- **no drops**: a selected sample is always queued.  The queue is unbounded; ``saturated`` (with
+  hysteresis: on at ``max_queue`` unfinished items, off at half) tells the service to stop reading
+  (pause its Kafka partitions, stop reading a file) until the worker catches up.  A consumer that
+  catches up on lag after a restart therefore scores exactly what a live one would, in the same order;
+- **retries**: a transient failure (timeout, connection refused, 429 / 5xx) is retried with
+  exponential backoff; only a sample that still fails after ``RetryPolicy.attempts``, or that the
+  server rejects outright (4xx), is given up and reported to ``on_failure(item, reason)``, counted per
+  ``(arm, reason)`` in ``failures``;
+- ``up`` goes False after ``RetryPolicy.down_after`` failed attempts in a row (the service turns it
+  into ``/readyz`` 503 and ``quality_sidecar_baseline_up 0``) and True at the next success;
+- the worker never touches metrics: ``counts``/``failures`` are its outputs besides the callbacks,
+  so it stays testable without a registry;
+- one thread, FIFO, retries in place: results arrive in submission order whatever the speed, so the
+  sample at which a chart first alarms does not depend on how fast the stream was read.
 """
 
 from __future__ import annotations
@@ -19,25 +27,85 @@ import queue
 import random
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 
+class WorkFailed(Exception):
+    """A call to the baseline server that failed; ``reason`` is a metric label, ``transient`` retries."""
+
+    def __init__(self, reason: str, message: str, transient: bool):
+        super().__init__(message)
+        self.reason, self.transient = reason, transient
+
+
+def classify_http_failure(exc: BaseException) -> WorkFailed:
+    """Map a ``requests`` exception to a ``WorkFailed`` (timeouts and refused connections are transient)."""
+    import requests
+
+    if isinstance(exc, WorkFailed):
+        return exc
+    if isinstance(exc, requests.Timeout):
+        return WorkFailed("timeout", str(exc), True)
+    if isinstance(exc, requests.ConnectionError):
+        return WorkFailed("connection", str(exc), True)
+    return WorkFailed("error", f"{type(exc).__name__}: {exc}", False)
+
+
+def http_status_failure(url: str, status: int, text: str) -> WorkFailed:
+    """A non-2xx answer: 408 / 429 / 5xx are transient, other 4xx are the server rejecting the request."""
+    transient = status in (408, 429) or status >= 500
+    return WorkFailed("server_error" if transient else "rejected", f"{url} answered {status}: {text[:300]}",
+                      transient)
+
+
+def base_url(url: str) -> str:
+    """The server root from either convention: ``http://host:8000`` or the OpenAI client's
+    ``http://host:8000/v1`` (both are accepted by ``--baseline-url``)."""
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 6  # tries per sample for transient failures (backoff 0.5, 1, 2, 4, 8 s between them)
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    down_after: int = 3  # failed attempts in a row after which the server counts as down
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.backoff_s < 0 or self.down_after < 1:
+            raise ValueError("retry: attempts >= 1, backoff_s >= 0 and down_after >= 1")
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_backoff_s, self.backoff_s * 2 ** attempt)
+
+
 class BackgroundWorker:
     """Subclasses implement ``prepare`` (cheap, on the caller's thread) and ``handle`` (remote call).
 
-    ``prepare(sample)`` returns the work item, or a string naming why the sample is skipped (counted
-    as ``skipped_<reason>``), or ``None`` for "not selected" (not counted: sampling by design).
+    ``prepare(sample)`` returns the work item, or a string naming why the sample cannot be worked on
+    (counted as ``skipped_<reason>``), or ``None`` for "not eligible" (not counted).  ``handle`` raises
+    ``WorkFailed`` for a classified failure; any other exception is a non-transient ``error``.
+    ``on_failure(item, reason)``, if set, hears of every sample given up.
     """
 
     thread_name = "sidecar-worker"
 
-    def __init__(self, fraction: float, max_queue: int, seed: int = 0):
-        self.fraction = fraction
-        self.queue: queue.Queue = queue.Queue(maxsize=max_queue)
+    def __init__(self, fraction: float, max_queue: int, seed: int = 0, retry: RetryPolicy | None = None):
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+        self.fraction, self.max_queue, self.retry = fraction, max_queue, retry or RetryPolicy()
+        self.queue: queue.Queue = queue.Queue()
         self.rng = random.Random(seed)
-        self.counts: dict[str, int] = {"submitted": 0, "done": 0, "skipped_queue_full": 0, "failed": 0}
+        self.counts: dict[str, int] = {"submitted": 0, "done": 0, "failed": 0, "retries": 0}
+        self.failures: dict[tuple[str, str], int] = {}  # (arm, reason) -> samples given up
+        self.on_failure: Any = None
+        self.up = True
+        self._failed_in_a_row = 0
+        self._saturated = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
@@ -49,27 +117,82 @@ class BackgroundWorker:
     def handle(self, item: Any) -> None:
         raise NotImplementedError
 
+    def arm_of(self, item: Any) -> str:
+        return "unknown"
+
     # -- shared machinery ----------------------------------------------------------------------
     def _count(self, key: str) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
 
-    def submit(self, sample: dict[str, Any]) -> bool:
-        """Queue a sample if selected; never blocks.  True when queued."""
-        if self.rng.random() >= self.fraction:
-            return False
+    def selected(self, sample: dict[str, Any]) -> Any:
+        """The work item when this sample is eligible and drawn, else None (skips counted)."""
         item = self.prepare(sample)
         if item is None:
-            return False
+            return None
         if isinstance(item, str):
             self._count(f"skipped_{item}")
-            return False
-        try:
-            self.queue.put_nowait(item)
-        except queue.Full:
-            self._count("skipped_queue_full")
-            return False
+            return None
+        return item if self.rng.random() < self.fraction else None
+
+    def enqueue(self, item: Any) -> None:
+        """Queue a work item; never blocks, never drops (see ``saturated``)."""
         self._count("submitted")
+        self.queue.put(item)
+
+    def submit(self, sample: dict[str, Any]) -> bool:
+        """``selected`` + ``enqueue``; True when queued."""
+        item = self.selected(sample)
+        if item is None:
+            return False
+        self.enqueue(item)
         return True
+
+    @property
+    def pending(self) -> int:
+        """Items queued or in flight."""
+        return self.queue.unfinished_tasks
+
+    @property
+    def saturated(self) -> bool:
+        """True from ``max_queue`` pending items until the backlog is down to half of it: the service
+        stops reading its source meanwhile."""
+        n = self.pending
+        if n >= self.max_queue:
+            self._saturated = True
+        elif n <= self.max_queue // 2:
+            self._saturated = False
+        return self._saturated
+
+    def _attempt(self, item: Any) -> WorkFailed | None:
+        try:
+            self.handle(item)
+            return None
+        except WorkFailed as e:
+            return e
+        except Exception as e:  # noqa: BLE001 - a flaky baseline must not stop the sidecar
+            return WorkFailed("error", f"{type(e).__name__}: {e}", False)
+
+    def _work(self, item: Any) -> None:
+        for attempt in range(self.retry.attempts):
+            err = self._attempt(item)
+            if err is None:
+                self.up, self._failed_in_a_row = True, 0
+                self._count("done")
+                return
+            self._failed_in_a_row += 1
+            if self._failed_in_a_row >= self.retry.down_after:
+                self.up = False
+            if not err.transient or attempt + 1 == self.retry.attempts or self._stop.is_set():
+                break
+            self._count("retries")
+            log.info("%s: %s (attempt %d, retrying)", self.thread_name, err, attempt + 1)
+            self._stop.wait(self.retry.delay(attempt))
+        self._count("failed")
+        key = (self.arm_of(item), err.reason)
+        self.failures[key] = self.failures.get(key, 0) + 1
+        log.warning("%s gave up a sample (%s): %s", self.thread_name, err.reason, err)
+        if self.on_failure is not None:
+            self.on_failure(item, err.reason)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -78,20 +201,21 @@ class BackgroundWorker:
             except queue.Empty:
                 continue
             try:
-                self.handle(item)
-                self._count("done")
-            except Exception as e:  # noqa: BLE001 - a flaky baseline must not stop the sidecar
-                self._count("failed")
-                log.warning("%s failed: %s", self.thread_name, e)
+                self._work(item)
+            except Exception:  # noqa: BLE001 - a failing callback must not kill the thread
+                log.exception("%s: callback failed", self.thread_name)
             finally:
                 self.queue.task_done()
 
-    def drain(self, timeout_s: float = 30.0) -> bool:
-        """Wait until everything submitted so far is handled (tests, file sources); True if drained."""
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
+    def drain(self, timeout_s: float | None = 30.0, stop: threading.Event | None = None) -> bool:
+        """Wait until everything submitted so far is handled; True if drained.  ``timeout_s=None``
+        waits as long as the worker keeps finishing items (or until ``stop`` is set)."""
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        while end is None or time.monotonic() < end:
             if self.queue.unfinished_tasks == 0:
                 return True
+            if stop is not None and stop.is_set():
+                return False
             time.sleep(0.05)
         return False
 

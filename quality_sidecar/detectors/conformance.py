@@ -60,6 +60,13 @@ NEG_INF = -np.inf
 # are not scored (``SamplerParams.from_sampling`` returns None).
 MODIFIERS = ("frequency_penalty", "presence_penalty", "logit_bias", "logits_modified", "allowed_token_ids",
              "bad_words")
+# Why a token is impossible under the sampler, in the order vLLM 0.32 applies the filters.
+IMPOSSIBLE_REASONS = ("vocab", "min_p", "top_k", "top_p")
+# Log-probs from two engines (the serving one and the scorer) differ by float noise: ~1e-5 nats in
+# float32, up to a few 1e-2 in bf16.  A token counts as impossible only if it stays outside the
+# sampler's support after every log-prob involved moves by this much against the verdict (ties at a
+# top-k / top-p / min-p boundary therefore never count).
+OOS_TOLERANCE_NATS = 0.02
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,7 @@ class SequenceScore:
     extra: dict[str, Any] = field(default_factory=dict)
     excess: np.ndarray = field(default_factory=lambda: np.zeros(0))
     excess_var: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    oos_reasons: dict[str, int] = field(default_factory=dict)  # IMPOSSIBLE_REASONS -> tokens
 
     @property
     def n_tokens(self) -> int:
@@ -127,7 +135,10 @@ class SequenceScore:
 
     @property
     def mean_logprob(self) -> float:
-        return float(self.logprob.mean()) if len(self.logprob) else math.nan
+        """Mean raw log-prob of the tokens the model gives a probability; a -inf token is impossible
+        (counted in ``out_of_support``), and one of them must not turn a shift into -inf."""
+        lp = self.logprob[np.isfinite(self.logprob)]
+        return float(lp.mean()) if len(lp) else math.nan
 
     def excess_sums(self) -> list[float]:
         """[sum of excess, sum of its null variances, tokens]: what ``excess_test`` needs of a sample."""
@@ -151,7 +162,7 @@ def _logsumexp(a: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequence[int],
                token_logprobs: Sequence[float], params: SamplerParams, rng: np.random.Generator,
-               vocab_size: int | None = None) -> SequenceScore:
+               vocab_size: int | None = None, tolerance: float = OOS_TOLERANCE_NATS) -> SequenceScore:
     """Score a sampled sequence from the top-K raw log-probs of each of its positions.
 
     ``top_ids``/``top_logprobs``: [n, K] (any order; -inf / -1 padding allowed), the model's raw
@@ -200,11 +211,10 @@ def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequenc
             tail_hi, tail_lo = np.where(np.isfinite(even), even, np.inf), bound_a
     tail_hi = np.where(tail_raw > 0, tail_hi, 0.0)
     tail_lo = np.where(tail_raw > 0, tail_lo, 0.0)
-    certain_removed = np.zeros_like(keep)
+    tail_hi0 = tail_hi.copy()  # before the filters: what the impossible-token verdicts bound with
     # --- min-p: keep p >= min_p * p_max (on tempered probabilities; p_max is always known) ---------
     if params.min_p > 0:
         cut = amax + math.log(params.min_p)
-        certain_removed |= valid & (a < cut)
         keep &= a >= cut
         tail_lo = np.zeros(n)  # tail tokens may be removed by min-p too
         # tail tokens above the cut can only exist if p_K itself is above it
@@ -213,7 +223,6 @@ def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequenc
     if params.top_k > 0:
         if params.top_k <= k_known:
             kth = a[:, params.top_k - 1:params.top_k]
-            certain_removed |= valid & (a < kth)
             keep &= a >= kth
             tail_hi = np.where(np.isfinite(kth[:, 0]), 0.0, tail_hi)
             tail_lo = np.where(np.isfinite(kth[:, 0]), 0.0, tail_lo)
@@ -227,8 +236,6 @@ def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequenc
         above = np.cumsum(w, axis=1) - w
         z_lo, z_hi = s_known + tail_lo, s_known + tail_hi
         surely_in = keep & (above < params.top_p * z_lo[:, None])
-        surely_out = keep & (above >= params.top_p * z_hi[:, None])
-        certain_removed |= surely_out
         exact_z = np.isclose(z_lo, z_hi, rtol=1e-12, atol=0.0)
         keep = surely_in
         w = np.where(keep, w, 0.0)
@@ -246,7 +253,6 @@ def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequenc
     pos = np.argmax(hit, axis=1)
     rows = np.arange(n)
     y_kept = in_known & keep[rows, pos]
-    y_removed = in_known & certain_removed[rows, pos]
     w_y = w[rows, pos]
     above_y = (np.cumsum(w, axis=1) - w)[rows, pos]
     s_kept = w.sum(axis=1)
@@ -258,10 +264,12 @@ def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequenc
     u[sel] = (above_y[sel] + v[sel] * w_y[sel]) / total[sel]
     tail_tok = ~in_known & has_bucket
     u[tail_tok] = (s_kept[tail_tok] + v[tail_tok] * bucket[tail_tok]) / total[tail_tok]
-    # a token outside a fully known (or top-k-truncated) distribution is certainly impossible
-    outside_removed = ~in_known & ((tail_hi <= 0) & np.isfinite(tail_hi)) & ~has_bucket
-    oos = int(y_removed.sum() + outside_removed.sum())
-    ok = np.isfinite(u)
+    reason = impossible_reasons(lp, lp_min, in_known, pos, tok, tok_lp, params, k_known, tail_hi0,
+                                vocab_size, tolerance)
+    impossible = reason >= 0
+    oos = int(impossible.sum())
+    reasons = {IMPOSSIBLE_REASONS[i]: int((reason == i).sum()) for i in np.unique(reason[impossible])}
+    ok = np.isfinite(u) & ~impossible
     # --- excess log-prob score on the same cells (known kept tokens + the bucket) ---------------------
     # L = raw log p of a known token; the bucket's L is a fixed function of the row (log p_K - 1: below
     # every known token, as its tokens are) -- any such choice keeps E[s] = 0 exactly under the null.
@@ -274,18 +282,63 @@ def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequenc
     l_y = np.where(in_known, lp[rows, pos], l_tail)
     excess = (l_y - mean_l)[ok]
     return SequenceScore(tok_lp, np.clip(u[ok], 0.0, 1.0), oos, int(n - ok.sum() - oos),
-                         excess=excess, excess_var=var_l[ok])
+                         excess=excess, excess_var=var_l[ok], oos_reasons=reasons)
+
+
+
+def impossible_reasons(lp: np.ndarray, lp_min: np.ndarray, in_known: np.ndarray, pos: np.ndarray,
+                       tok: np.ndarray, tok_lp: np.ndarray, params: SamplerParams, k_known: int,
+                       tail_hi: np.ndarray, vocab_size: int | None, tolerance: float = OOS_TOLERANCE_NATS
+                       ) -> np.ndarray:
+    """Per token: index into ``IMPOSSIBLE_REASONS`` of the filter that provably removes it, or -1.
+
+    ``lp`` [n, K] raw log-probs sorted descending (-inf padding), ``lp_min`` the smallest known one per
+    row, ``tail_hi`` an upper bound of the tempered mass outside the known K relative to the largest
+    token's (inf when unknown; 0 when the vocabulary is fully known).  A token outside the known K has a log-prob
+    <= ``lp_min`` (used as its upper bound).  Robust by ``tolerance``: each raw log-prob may be off by
+    that much, so with d = tolerance / T in tempered units, min-p and top-k need a margin of 2d and
+    top-p counts only the mass that stays above the token (by > 2d) shrunk by e^-d against everything
+    else grown by e^d (the unknown tail at its largest).
+    """
+    n = len(tok)
+    inv_t = 1.0 / params.temperature
+    d = tolerance * inv_t
+    rows = np.arange(n)
+    valid = np.isfinite(lp)
+    a = np.where(valid, lp * inv_t, NEG_INF)
+    amax = a[:, 0] if n else np.zeros(0)
+    a_y = np.where(in_known, a[rows, pos], lp_min * inv_t)
+    reason = np.full(n, -1)
+    vocab = ~np.isfinite(tok_lp) | (tok < 0)
+    if vocab_size is not None:
+        vocab |= tok >= vocab_size
+    out = vocab.copy()
+    reason[vocab] = 0
+    if params.min_p > 0:
+        r = ~out & (a_y - amax < math.log(params.min_p) - 2 * d)
+        reason[r], out = 1, out | r
+    if 0 < params.top_k <= k_known:
+        r = ~out & (a_y < a[:, params.top_k - 1] - 2 * d)
+        reason[r], out = 2, out | r
+    if params.top_p < 1.0:
+        w = np.where(valid, np.exp(a - amax[:, None]), 0.0)
+        above = np.where(a > a_y[:, None] + 2 * d, w, 0.0).sum(axis=1) * math.exp(-d)
+        rest = (w.sum(axis=1) - above * math.exp(d) + tail_hi) * math.exp(d)
+        with np.errstate(invalid="ignore"):
+            r = ~out & (above > 0) & (above >= params.top_p * (above + rest))
+        reason[r], out = 3, out | r
+    return reason
 
 
 def score_full(logprob_rows: np.ndarray, token_ids: Sequence[int], params: SamplerParams,
-               rng: np.random.Generator) -> SequenceScore:
+               rng: np.random.Generator, tolerance: float = OOS_TOLERANCE_NATS) -> SequenceScore:
     """Score from full raw log-prob rows [n, vocab] (in-process engines): every token is exact."""
     rows = np.asarray(logprob_rows, np.float64)
     tok = np.asarray(token_ids, np.int64)
     n, vocab = rows.shape
     ids = np.broadcast_to(np.arange(vocab), (n, vocab))
     tok_lp = rows[np.arange(n), tok] if n else np.zeros(0)
-    return score_topk(ids, rows, tok, tok_lp, params, rng, vocab_size=vocab)
+    return score_topk(ids, rows, tok, tok_lp, params, rng, vocab_size=vocab, tolerance=tolerance)
 
 
 def sampler_probs(logprob_rows: np.ndarray, params: SamplerParams) -> np.ndarray:
@@ -478,11 +531,18 @@ def likelihood_shift(base: Mapping[Any, Sequence[float]], cand: Mapping[Any, Seq
     least ``min_pairs`` prompts have samples in both arms: d_k = mean(cand_k) - mean(base_k), two-sided
     sign-flip permutation test (exact under the null: the two arms' samples of one prompt are
     exchangeable, so d_k is symmetric about 0) and a t-interval for the mean of d.  Otherwise
-    unpaired: label-permutation test on the difference of means, Welch interval.
+    unpaired: label-permutation test on the difference of means, Welch interval.  Non-finite values
+    (a sample holding a token the model gives probability 0) are left out: such tokens are the
+    impossible-token count's evidence, and one of them must not turn the shift into nan with p = 1.
     """
     from scipy import stats
 
     rng = np.random.default_rng(seed)
+
+    def finite(groups: Mapping[Any, Sequence[float]]) -> dict[Any, list[float]]:
+        return {k: [float(x) for x in v if math.isfinite(float(x))] for k, v in groups.items()}
+
+    base, cand = finite(base), finite(cand)
     keys = [k for k in base if k in cand and len(base[k]) and len(cand[k])]
     allb = np.array([x for v in base.values() for x in v], float)
     allc = np.array([x for v in cand.values() for x in v], float)
@@ -762,3 +822,91 @@ def _gauss_threshold(k: float, ert: float) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if siegmund_arl(k, mid) < ert else (lo, mid)
     return hi
+
+
+class ImpossibleTokenChart:
+    """Provably impossible tokens (``SequenceScore.oos_reasons``) per arm of one model: alarm at once.
+
+    Why a chart of its own: the PIT and excess statistics condition on the tokens the sampler could
+    have drawn, so they have *no* power against a decoder that ignores top-p / top-k / min-p (its
+    extra tokens are exactly the ones they leave out).  Under exact sampling the count is 0 (the
+    numeric tolerance of ``impossible_reasons`` absorbs float noise and boundary ties), so any count
+    is evidence; two guards keep a disagreement between the scorer and the serving engine (another
+    dtype, a bf16 boundary flip) from alarming:
+
+    * a **numeric floor**: the count must exceed Poisson(``floor_per_token`` x tokens) at ``alpha``;
+    * the **control arm**: an arm other than ``baseline`` must also exceed the baseline arm's count,
+      by the exact conditional binomial test (given both counts' sum, the candidate's share is
+      Binomial(sum, n_c / (n_c + n_b)) when both arms have the same rate).
+
+    Both must reject.  A baseline-arm alarm means the serving engine itself produced tokens the
+    scorer calls impossible (the scorer and the engine disagree, or vLLM's own sampler is wrong).
+    ``alpha`` is per update; under exact sampling the count never moves, so false alarms need a
+    numeric disagreement larger than the tolerance, at a rate above the floor, on one arm only.
+    """
+
+    STATE = ("arms",)
+
+    def __init__(self, alpha: float = 1e-6, floor_per_token: float = 1e-5, restart_after_alarm: bool = False):
+        if not 0 < alpha < 1 or floor_per_token < 0:
+            raise ValueError("impossible tokens: alpha in (0, 1) and floor_per_token >= 0")
+        self.alpha, self.floor, self.restart_after_alarm = alpha, floor_per_token, restart_after_alarm
+        self.arms: dict[str, dict[str, Any]] = {}
+
+    def _arm(self, arm: str) -> dict[str, Any]:
+        return self.arms.setdefault(arm, {"samples": 0, "tokens": 0, "impossible": 0, "reasons": {},
+                                          "alarm": False, "alarm_index": None, "alarms": 0})
+
+    def pvalue(self, arm: str) -> float:
+        """p-value of the arm's count under the null (max of the floor's and the control arm's)."""
+        from scipy import stats
+
+        st = self.arms.get(arm)
+        if not st or st["impossible"] == 0:
+            return 1.0
+        c, n = st["impossible"], st["tokens"]
+        p = float(stats.poisson.sf(c - 1, self.floor * n)) if self.floor > 0 else 0.0
+        base = self.arms.get("baseline")
+        if arm != "baseline" and base and base["tokens"] > 0:
+            cb = base["impossible"]
+            p = max(p, float(stats.binom.sf(c - 1, c + cb, n / (n + base["tokens"]))))
+        return p
+
+    def add(self, arm: str, n_tokens: int, reasons: Mapping[str, int]):
+        """Count one scored sample (its tokens and its impossible tokens by reason); returns a Result."""
+        from .base import Result
+
+        st = self._arm(arm)
+        st["samples"] += 1
+        st["tokens"] += int(n_tokens)
+        for k, v in reasons.items():
+            if v:
+                st["impossible"] += int(v)
+                st["reasons"][k] = st["reasons"].get(k, 0) + int(v)
+        p = self.pvalue(arm)
+        new = p < self.alpha and not st["alarm"]
+        if new:
+            st["alarms"] += 1
+            if st["alarm_index"] is None:
+                st["alarm_index"] = st["samples"]
+            st["alarm"] = not self.restart_after_alarm
+        base = self.arms.get("baseline") or {}
+        return Result("impossible_tokens", float(st["impossible"]), self.alpha, st["alarm"] or new,
+                      alarm_new=new, pvalue=p, n=st["samples"], alarm_index=st["alarm_index"],
+                      extra={"impossible_tokens": st["impossible"], "tokens": st["tokens"],
+                             "impossible_per_token": st["impossible"] / max(1, st["tokens"]),
+                             "reasons": ", ".join(f"{k} {v}" for k, v in sorted(st["reasons"].items())),
+                             "baseline_impossible_tokens": base.get("impossible", 0),
+                             "baseline_tokens": base.get("tokens", 0)})
+
+    def reset(self, arm: str | None = None) -> None:
+        """Acknowledge: counts restart, so a fault that persists alarms again."""
+        for a in list(self.arms):
+            if arm is None or a == arm:
+                del self.arms[a]
+
+    def get_state(self) -> dict[str, Any]:
+        return {"arms": self.arms}
+
+    def set_state(self, st: Mapping[str, Any]) -> None:
+        self.arms = {a: dict(v) for a, v in (st.get("arms") or {}).items()}

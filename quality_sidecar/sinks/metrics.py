@@ -1,7 +1,8 @@
 """Prometheus metrics (names fixed by docs/CONTRACTS.md) and the one HTTP port that serves them.
 
 ``/metrics`` (Prometheus text format), ``/healthz`` (200 while the consume loop has ticked within
-``stall_s``), ``/readyz`` (200 once the source is connected and the classifiers are loaded).  Each
+``stall_s``), ``/readyz`` (200 once the source is connected and the classifiers are loaded, 503 while a baseline
+server the sidecar depends on keeps failing).  Each
 service owns its ``CollectorRegistry`` so tests can run several in one process.
 
 Alarm control (when the service sets ``control``, its ``Pipeline``), all answering JSON:
@@ -72,12 +73,33 @@ class Metrics:
             "is NOT monitored", registry=r)
         self.conformance_scored = Counter("quality_sidecar_conformance_scored_samples",
                                           "T>0 samples scored under the baseline model", ["model", "arm"], registry=r)
+        self.conformance_selected = Counter("quality_sidecar_conformance_selected_samples",
+                                            "T>0 samples drawn for scoring (scored / selected = the scored share)",
+                                            ["model", "arm"], registry=r)
+        self.conformance_tokens = Counter("quality_sidecar_conformance_scored_tokens",
+                                          "Output tokens of the scored T>0 samples", ["model", "arm"], registry=r)
         self.conformance_skipped = Counter("quality_sidecar_conformance_skipped_samples",
-                                           "T>0 samples not scored (queue full, no token ids, scorer error)",
+                                           "T>0 samples that cannot be judged (aborted, min_tokens, no token ids)",
                                            ["reason"], registry=r)
+        self.worker_failed = Counter("quality_sidecar_baseline_failed_samples",
+                                     "Samples a baseline-server worker gave up after its retries, by reason "
+                                     "(timeout, connection, server_error, rejected, rejected_token_ids, bad_response)",
+                                     ["worker", "arm", "reason"], registry=r)
+        self.baseline_up = Gauge("quality_sidecar_baseline_up",
+                                 "0 while the baseline server keeps failing (then /readyz answers 503)",
+                                 ["worker"], registry=r)
+        self.backpressure = Gauge("quality_sidecar_backpressure",
+                                  "1 while the source is paused because a baseline-server worker is behind",
+                                  ["worker"], registry=r)
+        self.worker_pending = Gauge("quality_sidecar_worker_pending_samples",
+                                    "Samples queued or in flight at a baseline-server worker", ["worker"], registry=r)
+        self.impossible = Counter("quality_sidecar_impossible_tokens",
+                                  "Sampled tokens outside the request's sampler support, by the parameter that "
+                                  "excludes them (top_p, top_k, min_p, vocab); 0 under exact sampling",
+                                  ["model", "arm", "reason"], registry=r)
         self.replay_samples = Counter("quality_sidecar_replay_samples",
                                       "Greedy samples re-asked of the baseline server for T=0 exact match, by outcome "
-                                      "(done, failed, skipped_queue_full, skipped_no_prompt)", ["outcome"], registry=r)
+                                      "(done, failed, retries, skipped_no_prompt)", ["outcome"], registry=r)
         self.conformance_logprob = Gauge("quality_sidecar_conformance_mean_token_logprob_nats",
                                          "Mean token log-prob of scored T>0 outputs under the baseline model",
                                          ["model", "arm"], registry=r)
@@ -98,6 +120,8 @@ class HttpServer:
         self.control = control  # a Pipeline: active_alarms(), acknowledge(), rebaseline()
         self.ready = False
         self.heartbeat = time.monotonic()
+        # name -> callable: /readyz is 503 while any returns False (a baseline server that keeps failing)
+        self.checks: dict[str, Any] = {}
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -109,7 +133,12 @@ class HttpServer:
                     ok = time.monotonic() - outer.heartbeat < outer.stall_s
                     self._send(200 if ok else 503, b"ok\n" if ok else b"consume loop stalled\n")
                 elif path == "/readyz":
-                    self._send(200 if outer.ready else 503, b"ready\n" if outer.ready else b"not ready\n")
+                    failing = [name for name, ok in outer.checks.items() if not ok()]
+                    if outer.ready and not failing:
+                        self._send(200, b"ready\n")
+                    else:
+                        why = f"not ready: {', '.join(failing)} failing\n" if failing else "not ready\n"
+                        self._send(503, why.encode())
                 elif path == "/alarms" and outer.control is not None:
                     self._json(200, {"alarms": outer.control.active_alarms()})
                 else:

@@ -111,6 +111,17 @@ class KafkaSource:
                 self._last[(tp.topic, tp.partition)] = msgs[-1].offset + 1
         return out
 
+    def pause(self) -> None:
+        """Stop fetching from every assigned partition (backpressure); ``poll`` keeps the membership."""
+        parts = self.consumer.assignment() - self.consumer.paused()
+        if parts:
+            self.consumer.pause(*parts)
+
+    def resume(self) -> None:
+        parts = self.consumer.paused()
+        if parts:
+            self.consumer.resume(*parts)
+
     def rewind(self, records: list[Record]) -> None:
         """Seek back to the first of these (dropped, unprocessed) records in each partition still
         assigned here, so they are read again; a partition that moved is read by its new owner from

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from quality_sidecar.detectors.conformance import (
+    OOS_TOLERANCE_NATS,
     PitCusum,
     SamplerParams,
     anderson_darling_uniform,
@@ -124,9 +125,19 @@ def test_pit_rejects_a_sampler_at_the_wrong_temperature(params: SamplerParams, f
 def test_impossible_tokens_are_counted_not_scored() -> None:
     params = SamplerParams(1.0, top_k=5)
     lp, _ = _stream(SamplerParams(1.0), 200, seed=5)
-    sixth = np.argsort(-lp, axis=1)[:, 5]  # always outside the top-5 support
+    order = np.argsort(-lp, axis=1)
+    sixth = order[:, 5]  # always outside the top-5 support
     s = score_full(lp, sixth, params, np.random.default_rng(0))
-    assert s.out_of_support == 200 and len(s.pit) == 0
+    # provably impossible only beyond the numeric tolerance: a sixth token within 2 x tol of the
+    # fifth could be inside the support of an engine whose log-probs differ by tol
+    rows = np.arange(200)
+    gap = lp[rows, order[:, 4]] - lp[rows, sixth]
+    clear = int((gap > 2 * OOS_TOLERANCE_NATS).sum())
+    assert 0 < clear < 200
+    assert s.out_of_support == clear and s.oos_reasons == {"top_k": clear} and len(s.pit) == 0
+    assert s.skipped == 200 - clear
+    exact = score_full(lp, sixth, params, np.random.default_rng(0), tolerance=0.0)
+    assert exact.out_of_support == 200
 
 
 def test_anderson_darling_pvalues_hold_at_small_alpha() -> None:

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from quality_sidecar.detectors.replay import BaselineReplayClient, ReplayWorker
+from quality_sidecar.replay import BaselineReplayClient, ReplayWorker
 from quality_sidecar.service import Pipeline, ServiceConfig
 from quality_sidecar.sinks import HttpServer, Metrics
 from quality_sidecar.synth import SampleStream

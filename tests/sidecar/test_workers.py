@@ -1,6 +1,8 @@
-"""The shared background-worker rules: submit never blocks, a full queue and a failing server are
-counted (not raised), drain is exact.  The "server" here is a Python callable that blocks or raises on
-demand: a fault a real baseline server cannot produce on cue."""
+"""The shared background-worker rules: submit never blocks and never drops, a backlog turns on
+``saturated`` (the service's cue to stop reading), transient failures are retried, a sample given up
+is reported per arm and reason, a failing server turns ``up`` False, results keep submission order.
+The "server" here is a Python callable that blocks or raises on demand: a fault a real baseline
+server cannot produce on cue."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from quality_sidecar.workers import BackgroundWorker
+from quality_sidecar.workers import BackgroundWorker, RetryPolicy, WorkFailed, base_url
 
 pytestmark = pytest.mark.unit
 
@@ -18,8 +20,8 @@ pytestmark = pytest.mark.unit
 class _Worker(BackgroundWorker):
     thread_name = "test-worker"
 
-    def __init__(self, gate: threading.Event, fail_on: set[int], **kw: Any):
-        self.gate, self.fail_on, self.seen = gate, fail_on, []
+    def __init__(self, gate: threading.Event, fail: dict[int, list[WorkFailed]] | None = None, **kw: Any):
+        self.gate, self.fail, self.seen = gate, fail or {}, []
         super().__init__(**kw)
 
     def prepare(self, sample: dict[str, Any]) -> Any:
@@ -27,31 +29,88 @@ class _Worker(BackgroundWorker):
             return "no_prompt"
         return None if sample.get("ignore") else sample["i"]
 
+    def arm_of(self, item: int) -> str:
+        return "candidate" if item % 2 else "baseline"
+
     def handle(self, item: int) -> None:
         self.gate.wait(10)
-        if item in self.fail_on:
-            raise RuntimeError(f"server said no to {item}")
+        errs = self.fail.get(item)
+        if errs:
+            raise errs.pop(0)
         self.seen.append(item)
 
 
-def test_full_queue_failures_and_drain_are_counted_never_raised() -> None:
+FAST = RetryPolicy(attempts=3, backoff_s=0.01, down_after=2)
+
+
+def test_backlog_saturates_instead_of_dropping_and_drain_is_exact() -> None:
     gate = threading.Event()  # the "server" hangs until released
-    w = _Worker(gate, fail_on={3}, fraction=1.0, max_queue=4)
+    w = _Worker(gate, fraction=1.0, max_queue=4, retry=FAST)
     try:
         t0 = time.monotonic()
         queued = [w.submit({"i": i}) for i in range(10)]
         assert time.monotonic() - t0 < 0.5, "submit blocked on a hanging server"
-        # one item may already be in handle() (off the queue), so 4 or 5 are accepted
-        assert sum(queued) in (4, 5) and w.counts["skipped_queue_full"] == 10 - sum(queued)
+        assert all(queued) and w.counts["submitted"] == 10  # nothing dropped, whatever the backlog
+        assert w.saturated and w.pending == 10
         assert not w.submit({"skip": True}) and w.counts["skipped_no_prompt"] == 1
-        assert not w.submit({"ignore": True, "i": 99})  # not selected: not counted anywhere
+        assert not w.submit({"ignore": True, "i": 99})  # not eligible: not counted anywhere
         assert not w.drain(timeout_s=0.3)  # still stuck: drain says so instead of lying
         gate.set()
         assert w.drain(timeout_s=10)
-        accepted = [i for i, ok in enumerate(queued) if ok]
-        assert w.counts["failed"] == (1 if 3 in accepted else 0)
-        assert sorted(w.seen) == [i for i in accepted if i != 3]
-        assert w.counts["done"] == len(w.seen) and w.counts["submitted"] == len(accepted)
+        assert w.seen == list(range(10))  # one thread, FIFO: the order of submission
+        assert not w.saturated and w.counts["done"] == 10
+    finally:
+        w.close()
+
+
+def test_saturation_has_hysteresis() -> None:
+    gate = threading.Event()
+    w = _Worker(gate, fraction=1.0, max_queue=4, retry=FAST)
+    try:
+        for i in range(3):
+            w.submit({"i": i})
+        assert not w.saturated  # 3 < 4
+        w.submit({"i": 3})
+        assert w.saturated
+        gate.set()
+        assert w.drain(timeout_s=10) and not w.saturated
+    finally:
+        w.close()
+
+
+def test_transient_failures_retry_permanent_ones_are_reported_per_arm_and_reason() -> None:
+    gate = threading.Event()
+    gate.set()
+    timeout = WorkFailed("timeout", "read timed out", transient=True)
+    fail = {1: [timeout, timeout],  # recovers on the third attempt
+            2: [WorkFailed("rejected", "400", transient=False)],  # given up at once
+            3: [timeout, timeout, timeout]}  # out of attempts
+    given_up: list[tuple[int, str]] = []
+    w = _Worker(gate, fail, fraction=1.0, max_queue=100, retry=FAST)
+    w.on_failure = lambda item, reason: given_up.append((item, reason))
+    try:
+        for i in range(5):
+            w.submit({"i": i})
+        assert w.drain(timeout_s=10)
+        assert w.seen == [0, 1, 4]
+        assert given_up == [(2, "rejected"), (3, "timeout")]
+        assert w.failures == {("baseline", "rejected"): 1, ("candidate", "timeout"): 1}
+        assert w.counts["retries"] == 2 + 2 and w.counts["failed"] == 2 and w.counts["done"] == 3
+        assert w.up  # the last attempt (item 4) succeeded
+    finally:
+        w.close()
+
+
+def test_a_server_that_keeps_failing_is_down_until_it_answers() -> None:
+    gate = threading.Event()
+    gate.set()
+    down = WorkFailed("connection", "refused", transient=True)
+    w = _Worker(gate, {0: [down] * 3, 1: [down]}, fraction=1.0, max_queue=100, retry=FAST)
+    try:
+        w.submit({"i": 0})
+        assert w.drain(timeout_s=10) and not w.up  # 3 failed attempts in a row >= down_after
+        w.submit({"i": 1})  # one more failure, then a success
+        assert w.drain(timeout_s=10) and w.up and w.seen == [1]
     finally:
         w.close()
 
@@ -59,10 +118,15 @@ def test_full_queue_failures_and_drain_are_counted_never_raised() -> None:
 def test_fraction_selects_about_that_share() -> None:
     gate = threading.Event()
     gate.set()
-    w = _Worker(gate, fail_on=set(), fraction=0.25, max_queue=10_000, seed=7)
+    w = _Worker(gate, fraction=0.25, max_queue=10_000, seed=7)
     try:
         n = sum(w.submit({"i": i}) for i in range(4000))
         assert 850 < n < 1150  # Binomial(4000, 0.25): sd 27
         assert w.drain(timeout_s=10) and w.counts["done"] == n
     finally:
         w.close()
+
+
+def test_base_url_takes_both_conventions() -> None:
+    assert base_url("http://h:8000/v1") == base_url("http://h:8000/v1/") == "http://h:8000"
+    assert base_url("http://h:8000") == "http://h:8000"

@@ -2,8 +2,8 @@
 
 When no baseline arm shares traffic with the candidate, the sidecar re-asks a baseline server (vLLM
 without lookahead) for a sampled fraction of greedy prompts and pairs the answers for the T=0 exact
-match detector.  Requests go through a bounded queue and one worker thread: when the queue is full the
-prompt is skipped and counted (backpressure never reaches the consumer loop).
+match detector.  Requests go through the shared worker (``workers.py``): one thread, retries with
+backoff, and backpressure on the consumer instead of dropped prompts.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..workers import BackgroundWorker
+from .workers import BackgroundWorker, base_url, classify_http_failure, http_status_failure
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ class BaselineReplayClient:
     """
 
     def __init__(self, url: str, model: str | None = None, timeout_s: float = 30.0):
-        self.url = url.rstrip("/")
+        self.url = base_url(url)
         self.model = model
         self.timeout_s = timeout_s
 
@@ -34,8 +34,12 @@ class BaselineReplayClient:
 
         body = {"model": model or self.model, "prompt": prompt, "max_tokens": max(1, max_tokens),
                 "temperature": 0.0, "return_token_ids": True}
-        r = requests.post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s)
-        r.raise_for_status()
+        try:
+            r = requests.post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s)
+        except requests.RequestException as e:
+            raise classify_http_failure(e) from e
+        if r.status_code >= 300:
+            raise http_status_failure(self.url, r.status_code, r.text)
         choice = r.json()["choices"][0]
         return {"text": choice.get("text"), "token_ids": choice.get("token_ids"),
                 "finish_reason": choice.get("finish_reason")}
@@ -44,8 +48,7 @@ class BaselineReplayClient:
 class ReplayWorker(BackgroundWorker):
     """Background replayer: ``submit(sample)`` enqueues, ``on_result(sample, baseline)`` gets pairs.
 
-    Counts (``counts``): ``submitted``, ``done``, ``failed``, ``skipped_queue_full``,
-    ``skipped_no_prompt``.
+    Counts (``counts``): ``submitted``, ``done``, ``failed``, ``retries``, ``skipped_no_prompt``.
     """
 
     thread_name = "baseline-replay"
@@ -57,8 +60,13 @@ class ReplayWorker(BackgroundWorker):
         self.counts["skipped_no_prompt"] = 0
 
     def prepare(self, sample: dict[str, Any]) -> Any:
+        if (sample.get("sampling") or {}).get("temperature") != 0:
+            return None  # greedy outputs only (both arms: baseline-arm pairs are the A/A rate)
         prompt = (sample.get("prompt") or {}).get("text") or sample.get("prompt_token_ids")
         return (sample, prompt) if prompt else "no_prompt"
+
+    def arm_of(self, item: tuple[dict[str, Any], Any]) -> str:
+        return item[0]["deployment"]["arm"]
 
     def handle(self, item: tuple[dict[str, Any], Any]) -> None:
         sample, prompt = item
