@@ -673,11 +673,13 @@ class Service:
 
     def step(self, timeout_s: float = 0.5) -> int:
         """One poll + process; returns the number of records handled."""
-        if self._backpressure() and not hasattr(self.source, "pause"):
-            if self.http is not None:
-                self.http.heartbeat = time.monotonic()
-            time.sleep(min(timeout_s, 0.05))
-            return 0
+        if self._backpressure():  # check again soon: resume as soon as the workers have caught up
+            timeout_s = min(timeout_s, 0.01)
+            if not hasattr(self.source, "pause"):
+                if self.http is not None:
+                    self.http.heartbeat = time.monotonic()
+                time.sleep(timeout_s)
+                return 0
         records = self.source.poll(timeout_s, self.cfg.max_poll_records)
         # Micro-batching: a live topic hands out a few records per poll, and each process() call has
         # a fixed cost (vectoriser, chart updates) of a few ms; gather up to ``batch_linger_s`` more.

@@ -294,8 +294,8 @@ def impossible_reasons(lp: np.ndarray, lp_min: np.ndarray, in_known: np.ndarray,
 
     ``lp`` [n, K] raw log-probs sorted descending (-inf padding), ``lp_min`` the smallest known one per
     row, ``tail_hi`` an upper bound of the tempered mass outside the known K relative to the largest
-    token's (inf when unknown; 0 when the vocabulary is fully known).  A token outside the known K has a log-prob
-    <= ``lp_min`` (used as its upper bound).  Robust by ``tolerance``: each raw log-prob may be off by
+    token's (inf when unknown; 0 when the vocabulary is fully known).  A token outside the known K is
+    judged by its own log-prob (``tok_lp``: the server returns it), capped at ``lp_min``.  Robust by ``tolerance``: each raw log-prob may be off by
     that much, so with d = tolerance / T in tempered units, min-p and top-k need a margin of 2d and
     top-p counts only the mass that stays above the token (by > 2d) shrunk by e^-d against everything
     else grown by e^d (the unknown tail at its largest).
@@ -307,7 +307,7 @@ def impossible_reasons(lp: np.ndarray, lp_min: np.ndarray, in_known: np.ndarray,
     valid = np.isfinite(lp)
     a = np.where(valid, lp * inv_t, NEG_INF)
     amax = a[:, 0] if n else np.zeros(0)
-    a_y = np.where(in_known, a[rows, pos], lp_min * inv_t)
+    a_y = np.where(in_known, a[rows, pos], np.minimum(tok_lp, lp_min) * inv_t)
     reason = np.full(n, -1)
     vocab = ~np.isfinite(tok_lp) | (tok < 0)
     if vocab_size is not None:

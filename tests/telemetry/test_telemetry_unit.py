@@ -94,7 +94,7 @@ def test_schema_1_1_fields_and_1_0_samples_stay_valid():
     req = make_request("llm-00ff-3#1", stop_reason="\n", engine_request_id="3#1", choice_index=1)
     s = build_sample(req, arm="baseline", release=None, instance=None, redact_prompts=False)
     validate_sample(s)
-    assert s["schema_version"] == "1.1" and s["vllm_request_id"] == "3#1"
+    assert s["schema_version"] == "1.2" and s["vllm_request_id"] == "3#1"
     assert s["output"]["stop_reason"] == "\n" and s["output"]["index"] == 1
     assert req.decision_id == "3#1"
     s = build_sample(make_request(stop_reason=2), arm="baseline", release=None, instance=None,

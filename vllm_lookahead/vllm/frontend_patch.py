@@ -165,6 +165,8 @@ def sampling_dict(sp: Any) -> dict[str, Any]:
     # any logit modifier must be recorded (a modified distribution is then skipped, not misjudged).
     if getattr(sp, "min_p", 0.0):
         out["min_p"] = sp.min_p
+    if getattr(sp, "min_tokens", 0):  # EOS masked until then: T>0 conformance leaves the sample out
+        out["min_tokens"] = sp.min_tokens
     if getattr(sp, "repetition_penalty", 1.0) not in (None, 1.0):
         out["repetition_penalty"] = sp.repetition_penalty
     if any(getattr(sp, k, None) for k in ("logit_bias", "allowed_token_ids", "bad_words", "logits_processors")):

@@ -1,0 +1,202 @@
+"""The T>0 evidence survives backlog, a slow or failing baseline server and a crash.
+
+The baseline server is the toy model of ``toy_baseline.py`` (slow, 503-on-first-try and down on cue:
+faults a real vLLM server cannot produce on demand); the consumer loop, the scorer, the charts and
+the checkpoint are the real ones, reading a real JSONL file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quality_sidecar.conformance import scorable
+from quality_sidecar.detectors.conformance import ImpossibleTokenChart, SamplerParams
+from quality_sidecar.service import Service, ServiceConfig
+
+from .conftest import metric_sum, scrape, write_jsonl
+from .toy_baseline import V, ToyServer, sample
+
+pytestmark = pytest.mark.unit
+NUCLEUS = SamplerParams(1.0, top_p=0.9)
+
+
+@pytest.fixture
+def toy():
+    srv = ToyServer()
+    yield srv
+    srv.close()
+
+
+def _stream(n: int, seed: int, fault_every: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        arm = "baseline" if i % 2 == 0 else "candidate"
+        out.append(sample(rng, NUCLEUS, arm=arm, ignore_truncation_every=fault_every if arm == "candidate" else 0))
+    return out
+
+
+def _service(src: Path, url: str, tmp_path: Path, **conf) -> Service:
+    cfg = ServiceConfig.from_dict({
+        "source": f"file://{src}", "alerts": f"file://{tmp_path / 'alerts.jsonl'}", "progress": False,
+        "baseline_url": url + "/v1", "replay_fraction": 0.0, "state_path": str(tmp_path / "state.json"),
+        "max_poll_records": 50,
+        "conformance": {"fraction": 1.0, "max_queue": 8, "vocab_size": V, **conf}})
+    return Service(cfg, http_port=0)
+
+
+def _alerts(tmp_path: Path) -> list[dict]:
+    p = tmp_path / "alerts.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def test_a_backlog_read_at_full_speed_is_scored_whole(toy: ToyServer, tmp_path: Path) -> None:
+    """300 samples read as fast as the file allows against a slow server that answers 503 to every
+    first try: the source pauses instead of dropping, every selected sample is scored."""
+    toy.delay_s, toy.fail_first = 0.002, True
+    samples = _stream(300, seed=1)
+    src = write_jsonl(tmp_path / "s.jsonl", samples)
+    svc = _service(src, toy.url, tmp_path, retries=3)
+    port, seen = svc.http.port, {}
+    orig = svc.close
+
+    def close() -> None:
+        seen["metrics"] = scrape(port)
+        orig()
+
+    svc.close = close
+    svc.scorer.retry = type(svc.scorer.retry)(attempts=3, backoff_s=0.001)
+    assert svc.run() == 0
+    m = seen["metrics"]
+    for arm in ("baseline", "candidate"):
+        sel = metric_sum(m, "quality_sidecar_conformance_selected_samples_total", arm=arm)
+        assert sel == 150 and metric_sum(m, "quality_sidecar_conformance_scored_samples_total", arm=arm) == sel
+    assert metric_sum(m, "quality_sidecar_baseline_failed_samples_total") == 0
+    assert metric_sum(m, "quality_sidecar_impossible_tokens_total") == 0  # exact decoders: none, over 9k tokens
+    assert not _alerts(tmp_path)
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["offsets"][0][2] == 300 and state["pipeline"]["pending"] == {}
+    assert svc.scorer.counts["retries"] == 300  # every sample failed once and was retried, none lost
+
+
+def test_paced_and_full_speed_reads_alarm_at_the_same_sample(toy: ToyServer, tmp_path: Path) -> None:
+    """A decoder that ignores top-p at every other position: the impossible-token chart alarms within
+    a few candidate samples, at the same sample whether the file is read at once or the server is slow."""
+    samples = _stream(200, seed=2, fault_every=2)
+    src = write_jsonl(tmp_path / "s.jsonl", samples)
+    firsts = []
+    for delay in (0.0, 0.01):
+        toy.delay_s = delay
+        d = tmp_path / f"run{delay}"
+        d.mkdir()
+        svc = _service(src, toy.url, d, max_queue=4)
+        assert svc.run() == 0
+        ev = [e for e in _alerts(d) if e["detector"] == "impossible_tokens"]
+        assert [e["arm"] for e in ev] == ["candidate"], ev
+        assert "top_p" in ev[0]["detail"]["reasons"] and ev[0]["example_trace_ids"]
+        firsts.append(ev[0]["samples_since_fit"])
+    assert firsts[0] == firsts[1] and firsts[0] <= 40, firsts
+
+
+def test_a_crash_loses_no_scoring_and_counts_nothing_twice(toy: ToyServer, tmp_path: Path) -> None:
+    """Checkpoint while the server is down: offsets stop at the oldest unscored sample and the state
+    lists what is unscored; a new process resumes, scores exactly those, and classifies nothing twice."""
+    samples = _stream(40, seed=3)
+    src = write_jsonl(tmp_path / "s.jsonl", samples)
+    toy.down = True
+    svc = _service(src, toy.url, tmp_path, max_queue=1000, retries=1000)
+    svc.scorer.retry = type(svc.scorer.retry)(attempts=1000, backoff_s=0.01, max_backoff_s=0.01, down_after=3)
+    for _ in range(3):
+        svc.step()
+    svc.checkpoint()
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["offsets"][0][2] == 0  # the first sample is still unscored: nothing committed past it
+    assert len(state["pipeline"]["pending"]) == 40 and state["pipeline"]["counts"]["samples"] == 40
+    svc.close()  # the "crash": the worker's queue is lost with the process
+
+    toy.down = False
+    svc2 = _service(src, toy.url, tmp_path)
+    assert svc2.run() == 0
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["pipeline"]["counts"]["samples"] == 40 and state["pipeline"]["counts"]["duplicates"] == 40
+    conf = state["pipeline"]["conformance"]["toy"]["stats"]
+    assert conf["baseline"]["samples"] + conf["candidate"]["samples"] == 40
+    assert state["pipeline"]["pending"] == {} and state["offsets"][0][2] == 40
+
+
+def test_a_server_that_stays_down_turns_readiness_red(toy: ToyServer, tmp_path: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    toy.down = True
+    src = write_jsonl(tmp_path / "s.jsonl", _stream(4, seed=4))
+    svc = _service(src, toy.url, tmp_path, retries=2)
+    svc.scorer.retry = type(svc.scorer.retry)(attempts=2, backoff_s=0.0, down_after=2)
+    try:
+        svc.http.ready = True
+        svc.step()
+        assert svc.scorer.drain(timeout_s=30)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{svc.http.port}/readyz", timeout=5)
+        assert e.value.code == 503 and b"baseline server (conformance)" in e.value.read()
+        svc.checkpoint()
+        m = scrape(svc.http.port)
+        assert metric_sum(m, "quality_sidecar_baseline_up", worker="conformance") == 0
+        assert metric_sum(m, "quality_sidecar_baseline_failed_samples_total", reason="server_error") == 4
+    finally:
+        svc.close()
+
+
+def test_out_of_vocabulary_tokens_are_impossible(toy: ToyServer, tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    bad = [sample(rng, NUCLEUS, arm="candidate") for _ in range(3)]
+    for s in bad:
+        s["output"]["token_ids"][3] = V + 7
+    src = write_jsonl(tmp_path / "s.jsonl", bad)
+    svc = _service(src, toy.url, tmp_path, impossible_floor_per_token=0.0)
+    assert svc.run() == 0
+    ev = [e for e in _alerts(tmp_path) if e["detector"] == "impossible_tokens"]
+    assert ev and ev[0]["detail"]["reasons"] == "vocab 1"
+    assert toy.requests == 0  # judged without asking the server (it would refuse the ids)
+
+
+def test_samples_that_cannot_be_judged_are_left_out_and_counted() -> None:
+    rng = np.random.default_rng(6)
+    s = sample(rng, NUCLEUS)
+    assert scorable(s) == NUCLEUS
+    aborted = json.loads(json.dumps(s))
+    aborted["output"]["finish_reason"] = "abort"
+    assert scorable(aborted) == "aborted"
+    masked = json.loads(json.dumps(s))
+    masked["sampling"]["min_tokens"] = 8
+    assert scorable(masked) == "min_tokens"
+    greedy = json.loads(json.dumps(s))
+    greedy["sampling"]["temperature"] = 0.0
+    assert scorable(greedy) is None
+
+
+def test_impossible_token_chart_floor_and_control_arm() -> None:
+    # exact null with zero impossible tokens: never alarms
+    c = ImpossibleTokenChart(alpha=1e-6, floor_per_token=1e-5)
+    for _ in range(1000):
+        assert not c.add("candidate", 100, {}).alarm
+    # a numeric disagreement shared by both arms (the scorer vs a bf16 engine): no alarm
+    c = ImpossibleTokenChart(alpha=1e-6, floor_per_token=1e-5)
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        for arm in ("baseline", "candidate"):
+            r = c.add(arm, 100, {"top_p": int(rng.poisson(0.05))})
+            assert not (arm == "candidate" and r.alarm), r
+    # the candidate alone: alarms within a few samples, says which parameter
+    c = ImpossibleTokenChart(alpha=1e-6, floor_per_token=1e-5)
+    first = None
+    for i in range(50):
+        c.add("baseline", 100, {})
+        r = c.add("candidate", 100, {"top_p": 3})
+        if r.alarm_new and first is None:
+            first = i
+    assert first is not None and first < 10 and "top_p" in r.extra["reasons"]
