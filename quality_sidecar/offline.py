@@ -5,11 +5,14 @@ metrics (it answers "do these two arms differ in this file?", like the release g
 length test is the Monte-Carlo permutation test of the mean (valid at these alphas with the ties and
 the max_tokens cap of real lengths; see ``length_test``).  With
 ``baseline_url`` every T>0 sample is also scored under the baseline server: a PIT test per arm (exact
-under the null, so the candidate arm is judged on its own) and the likelihood shift between arms.
+under the null, so the candidate arm is judged on its own), the count of impossible tokens per arm
+(with the streaming chart's rule) and the likelihood shift between arms.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 from .detectors import (
@@ -33,50 +36,82 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
     import numpy as np
     from tqdm import tqdm
 
-    from .conformance import ConformanceConfig, LogprobClient
+    from .conformance import (
+        IMPOSSIBLE_ALPHA,
+        ConformanceConfig,
+        LogprobClient,
+        out_of_vocab_score,
+        scorable,
+    )
     from .detectors.conformance import (
-        SamplerParams,
+        ImpossibleTokenChart,
         excess_test,
         likelihood_shift_test,
         pit_test,
         score_topk,
     )
+    from .workers import RetryPolicy, WorkFailed
 
     cc = ConformanceConfig(**(conf.get("conformance") or {}))
     client = LogprobClient(baseline_url, top_logprobs=cc.top_logprobs, timeout_s=cc.timeout_s, api=cc.api)
+    retry = RetryPolicy(attempts=cc.retries)
     rng = np.random.default_rng(0)
     pit: dict[str, list[float]] = {}
     excess: dict[str, list[float]] = {}
     lp: dict[str, dict[str, list[float]]] = {}
-    counts = {"scored": 0, "not_t_above_0_or_modified": 0, "no_token_ids": 0}
+    impossible = ImpossibleTokenChart(IMPOSSIBLE_ALPHA, cc.impossible_floor_per_token)
+    examples: dict[str, list[str]] = {}
+    counts: dict[str, int] = {"scored": 0, "not_t_above_0_or_modified": 0}
     for s in tqdm(samples, desc="scoring T>0 under the baseline", unit=" samples", disable=not progress):
-        params = SamplerParams.from_sampling(s.get("sampling"))
-        if params is None:
-            counts["not_t_above_0_or_modified"] += 1
+        params = scorable(s)
+        if params is None or isinstance(params, str):
+            key = params or "not_t_above_0_or_modified"
+            counts[key] = counts.get(key, 0) + 1
             continue
-        out = (s.get("output") or {}).get("token_ids")
-        if not out or not s.get("prompt_token_ids"):
-            counts["no_token_ids"] += 1
-            continue
-        ids, lps, tok = client.score(s["prompt_token_ids"], out, model=s.get("model"))
-        sc = score_topk(ids, lps, out, tok, params, rng)
+        out = s["output"]["token_ids"]
         arm = s["deployment"]["arm"]
+        sc = out_of_vocab_score(out, cc.vocab_size) if cc.vocab_size else None
+        for attempt in range(retry.attempts):
+            if sc is not None:
+                break
+            try:
+                ids, lps, tok = client.score(s["prompt_token_ids"], out, model=s.get("model"))
+                sc = score_topk(ids, lps, out, tok, params, rng, vocab_size=cc.vocab_size,
+                                tolerance=cc.oos_tolerance_nats)
+            except WorkFailed as e:
+                if e.reason == "rejected_token_ids":
+                    impossible.add(arm, len(out), {"vocab": 1})
+                if not e.transient or attempt + 1 == retry.attempts:
+                    counts[f"failed_{e.reason}"] = counts.get(f"failed_{e.reason}", 0) + 1
+                    break
+                time.sleep(retry.delay(attempt))
+        if sc is None:
+            continue
+        impossible.add(arm, sc.n_tokens, sc.oos_reasons)
+        if sc.out_of_support:
+            examples.setdefault(arm, []).append(s.get("trace_id") or s["request_id"])
         pit.setdefault(arm, []).extend(sc.pit.tolist())
         ex = excess.setdefault(arm, [0.0, 0.0, 0])
         for i, v in enumerate(sc.excess_sums()):
             ex[i] += v
-        lp.setdefault(arm, {}).setdefault(s["prompt"]["sha256"], []).append(sc.mean_logprob)
+        if math.isfinite(sc.mean_logprob):
+            lp.setdefault(arm, {}).setdefault(s["prompt"]["sha256"], []).append(sc.mean_logprob)
         counts["scored"] += 1
     arms = {}
     for arm, u in pit.items():
         t = pit_test(u)
         vals = [x for v in lp[arm].values() for x in v]
         e = excess_test(*excess[arm])
+        st = impossible.arms.get(arm) or {}
         arms[arm] = {"pit_tokens": len(u), "pit_anderson_darling_p": t.pvalue, "pit_detail": t.detail,
                      "excess_nats_per_token": e.statistic, "excess_p": e.pvalue, "excess_detail": e.detail,
-                     "mean_token_logprob_nats": float(np.mean(vals))}
+                     "mean_token_logprob_nats": float(np.mean(vals)) if vals else None,
+                     "impossible_tokens": st.get("impossible", 0), "impossible_reasons": st.get("reasons", {}),
+                     "impossible_p": impossible.pvalue(arm),
+                     "impossible_alarm": impossible.pvalue(arm) < impossible.alpha,
+                     "impossible_examples": examples.get(arm, [])[:5]}
     report: dict[str, Any] = {"baseline_url": baseline_url, "counts": counts, "arms": arms}
-    if "baseline" in lp and "candidate" in lp:
+    if lp.get("baseline") and lp.get("candidate"):
         t = likelihood_shift_test(lp["baseline"], lp["candidate"])
         report["likelihood_shift"] = {"effect_nats_per_token": t.statistic, "pvalue": t.pvalue, "detail": t.detail}
     return report

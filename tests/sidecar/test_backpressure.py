@@ -18,7 +18,7 @@ from quality_sidecar.detectors.conformance import ImpossibleTokenChart, SamplerP
 from quality_sidecar.service import Service, ServiceConfig
 
 from .conftest import metric_sum, scrape, write_jsonl
-from .toy_baseline import V, ToyServer, sample
+from .toy_baseline import ToyServer, V, sample
 
 pytestmark = pytest.mark.unit
 NUCLEUS = SamplerParams(1.0, top_p=0.9)
@@ -200,3 +200,15 @@ def test_impossible_token_chart_floor_and_control_arm() -> None:
         if r.alarm_new and first is None:
             first = i
     assert first is not None and first < 10 and "top_p" in r.extra["reasons"]
+
+
+def test_score_cli_reports_impossible_tokens_per_arm(toy: ToyServer, tmp_path: Path) -> None:
+    from quality_sidecar.offline import conformance_report
+
+    samples = _stream(60, seed=7, fault_every=2)
+    rep = conformance_report(samples, toy.url + "/v1", {"conformance": {"vocab_size": V}}, progress=False)
+    base, cand = rep["arms"]["baseline"], rep["arms"]["candidate"]
+    assert rep["counts"]["scored"] == 60
+    assert base["impossible_tokens"] == 0 and not base["impossible_alarm"]
+    assert cand["impossible_alarm"] and cand["impossible_reasons"].get("top_p", 0) >= 20
+    assert cand["impossible_examples"]

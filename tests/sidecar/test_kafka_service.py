@@ -204,3 +204,61 @@ def test_injected_regression_alarms_on_the_alerts_topic_clean_arm_stays_quiet(ka
     assert ev["example_trace_ids"] and ev["action"]
     assert metric_sum(text, "quality_sidecar_alarm", detector="truncated", arm="candidate") == 1
     assert metric_sum(text, "quality_sidecar_alarm", detector="truncated", arm="baseline") == 0
+
+
+def test_a_lagging_topic_is_scored_whole_under_backpressure(kafka_broker, tmp_path):
+    """1,000 T>0 samples of lag on a real topic, a slow baseline server (the toy model of
+    ``toy_baseline.py``: slowness on cue is the injected fault) and a 16-sample scorer queue: the
+    consumer pauses its partition instead of dropping, every selected sample is scored, the committed
+    offset reaches the end only once the last one is, and the impossible-token chart alarms on the
+    candidate that ignores top-p at every other position while the exact baseline arm stays silent."""
+    import numpy as np
+
+    from quality_sidecar.detectors.conformance import SamplerParams
+
+    from .toy_baseline import ToyServer, V, sample
+
+    topic, group = f"lag-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
+    kafka_broker.create_topic(topic)
+    rng = np.random.default_rng(11)
+    nucleus = SamplerParams(1.0, top_p=0.9)
+    samples = [sample(rng, nucleus, arm="baseline" if i % 2 == 0 else "candidate",
+                      ignore_truncation_every=2 if i % 2 else 0) for i in range(1000)]
+    _produce(kafka_broker.bootstrap, topic, [json.dumps(s).encode() for s in samples])
+    toy = ToyServer()
+    toy.delay_s = 0.003
+    cfg = ServiceConfig.from_dict({
+        "source": f"kafka://{kafka_broker.bootstrap}/{topic}", "group": group, "progress": False,
+        "baseline_url": toy.url, "replay_fraction": 0.0, "max_poll_records": 200, "commit_interval_s": 0.3,
+        "state_path": str(tmp_path / "state.json"),
+        "conformance": {"fraction": 0.5, "max_queue": 16, "vocab_size": V}})
+    svc = Service(cfg, http_port=0)
+    port, stop = svc.http.port, threading.Event()
+    paused = []
+    orig = svc._backpressure
+
+    def watch() -> bool:
+        b = orig()
+        paused.append(b)
+        return b
+
+    svc._backpressure = watch
+    th = _serve(svc, stop)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and _committed(kafka_broker.bootstrap, group, topic) < 1000:
+            time.sleep(0.5)
+        text = scrape(port)
+    finally:
+        stop.set()
+        th.join(60)
+        toy.close()
+    assert _committed(kafka_broker.bootstrap, group, topic) == 1000
+    assert any(paused), "the scorer never fell behind: the test proves nothing"
+    for arm in ("baseline", "candidate"):
+        sel = metric_sum(text, "quality_sidecar_conformance_selected_samples_total", arm=arm)
+        assert 200 < sel < 300  # Binomial(500, 0.5)
+        assert metric_sum(text, "quality_sidecar_conformance_scored_samples_total", arm=arm) == sel
+    assert metric_sum(text, "quality_sidecar_impossible_tokens_total", arm="baseline") == 0
+    assert metric_sum(text, "quality_sidecar_alarm", detector="impossible_tokens", arm="candidate") == 1
+    assert metric_sum(text, "quality_sidecar_alarm", detector="impossible_tokens", arm="baseline") == 0
