@@ -127,6 +127,12 @@ CASES: dict[str, tuple[Series, str, dict[str, str], float, list[Series], str]] =
         [(f"quality_sidecar_conformance_monitored{{{NS}}}", "0x90")],
         "70m", {}, 0,
         [[(f"quality_sidecar_conformance_monitored{{{NS}}}", "1x90")]], "1m"),
+    "VllmLookaheadBaselineServerDown": (
+        [(f'quality_sidecar_baseline_up{{{NS}, worker="conformance"}}', "0x30")],
+        "20m", {"worker": "conformance"}, 0,
+        [[(f'quality_sidecar_baseline_up{{{NS}, worker="conformance"}}', "1x30")],
+         # a short outage that the retries ride out does not page
+         [(f'quality_sidecar_baseline_up{{{NS}, worker="conformance"}}', "1x10 0x5 1x15")]], "1m"),
     "VllmLookaheadDLQGrowing": (
         [(f'quality_sidecar_dlq_total{{{NS}, reason="schema"}}', "0+5x40")],
         "30m", {"reason": "schema"}, 0,
