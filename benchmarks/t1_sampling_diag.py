@@ -60,7 +60,7 @@ def main() -> None:
         del llm
         gc.collect()
     scorer = make_llm(args.model, parse_spec("none"), max_model_len=1024, max_num_seqs=32)
-    score_runs(scorer, runs, 1.0)
+    score_runs(scorer, runs)
     base = args.arms[0]
     out: dict = {"command": "python " + " ".join(sys.argv), "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "prompt": PROMPT, "n": args.n, "max_tokens": args.max_tokens, "temperature": 1.0, "arms": {}}

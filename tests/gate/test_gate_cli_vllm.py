@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 def test_cli_end_to_end_passes_lookahead(demo_model: Path, tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
-    policy.write_text("criteria:\n  sampled: {samples_per_item: 1, temperature: 0.8}\nruns: {latency_items: 2}\n")
+    policy.write_text("criteria:\n  sampled: {samples_per_item: 1, profiles: [{temperature: 0.8}]}\nruns: {latency_items: 2}\n")
     report = tmp_path / "report"
     cmd = [sys.executable, "-m", "vllm_lookahead.cli", "gate", "--model", str(demo_model), "--limit", "1",
            "--tasks", "next_line,copy,json,test_name", "--policy", str(policy), "--report", str(report),

@@ -18,6 +18,7 @@ from vllm_lookahead.gate.cli import main as gate_main
 from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunResult
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, EvalItem, EvalSetError, load_eval_set
 from vllm_lookahead.gate.policy import PolicyError, load_policy, validate
+from vllm_lookahead.gate.profiles import parse_profiles
 from vllm_lookahead.gate.report import _sampled_table, markdown_summary, write_report
 from vllm_lookahead.gate.sandbox import run_python
 
@@ -193,6 +194,27 @@ def test_first_divergence() -> None:
     assert stats.first_divergence([1, 2, 3], [1, 2]) == 2
 
 
+def test_sampling_profiles_are_validated_and_the_old_key_names_its_replacement() -> None:
+    from vllm_lookahead.gate.profiles import profile_of
+
+    pol = load_policy()
+    profiles = parse_profiles(pol["criteria"]["sampled"]["profiles"])
+    assert len(profiles) >= 2 and any(p.top_p < 1 and p.top_k for p in profiles)  # production-like by default
+    assert [profile_of(profiles, j) for j in range(4)] == [profiles[0], profiles[1], profiles[0], profiles[1]]
+    with pytest.raises(PolicyError, match=r"criteria.sampled.temperature was replaced by criteria.sampled.profiles"):
+        validate({"criteria": {"sampled": {"temperature": 0.8}}})
+    for bad, msg in (([], "non-empty list"), ([{"top_p": 0.9}], "needs a temperature"),
+                     ([{"temperature": 0.8, "top_q": 1}], "unknown key"), ([{"temperature": 0}], "temperature must be > 0"),
+                     ([{"temperature": 1, "top_p": 1.5}], "top_p"), ([{"temperature": 1, "seed": "each"}], "seed")):
+        with pytest.raises(PolicyError, match=msg):
+            validate({"criteria": {"sampled": {"profiles": bad}}})
+    p = profiles[1]
+    f = p.request_fields("item-3", 1, 0)
+    assert f["top_p"] == p.top_p and f["top_k"] == p.top_k and isinstance(f["seed"], int)
+    assert f["seed"] == p.request_fields("item-3", 1, 0)["seed"] != p.request_fields("item-3", 3, 0)["seed"]
+    assert "seed" not in profiles[0].request_fields("item-3", 0, 0)  # engine seed: none per request
+
+
 # ---------------------------------------------------------------- analysis on constructed runs
 def _items() -> list[EvalItem]:
     out = []
@@ -205,7 +227,7 @@ def _items() -> list[EvalItem]:
 def _run(texts: list[str], ids: list[list[int]], mode: str = "batch") -> RunResult:
     recs = [RequestRecord(f"i{i}", 0, ids[i], t, "length", 3, 0.01, 0.002, 8, 6, 10, [4, 4], [3, 3])
             for i, t in enumerate(texts)]
-    return RunResult("x", {"spec": "none"}, mode, 0.0, 0, 1.0, recs)
+    return RunResult("x", {"spec": "none"}, mode, [], 0, 1.0, recs)
 
 
 def _arms(cand_texts: list[str], cand_ids: list[list[int]]) -> tuple[ArmRuns, ArmRuns]:
@@ -262,17 +284,20 @@ def test_latency_alone_never_clears_the_gate() -> None:
     assert lat["passed"] is True and res["verdict"] == "FAIL"
 
 
-def _sampled_run(name: str, pit_power: float, shift: float, seed: int) -> RunResult:
+def _sampled_run(name: str, pit_power: float, shift: float, seed: int, impossible: int = 0) -> RunResult:
     """Constructed T>0 run with scores: PIT values u**pit_power (1 = exact), mean log-prob -2 + shift."""
     rng = np.random.default_rng(seed)
     recs, scores = [], []
     for i in range(40):
         for s in range(4):
             recs.append(RequestRecord(f"i{i}", s, [1, 2, 3], "ok\n", "length", 3))
-            scores.append({"item_id": f"i{i}", "sample": s, "n_tokens": 30, "out_of_support": 0,
+            bad = impossible if (i, s) == (3, 1) else 0
+            scores.append({"item_id": f"i{i}", "sample": s, "n_tokens": 30, "out_of_support": bad,
+                           "oos_reasons": {"top_p": bad} if bad else {},
                            "mean_logprob": float(-2 + shift + rng.normal(0, 0.3)),
                            "pit": list(rng.random(30) ** pit_power)})
-    run = RunResult(name, {"spec": "none"}, "batch", 0.8, 0, 1.0, recs)
+    run = RunResult(name, {"spec": "none"}, "batch", [{"temperature": 0.8}, {"temperature": 1.0, "top_p": 0.9}],
+                    0, 1.0, recs)
     run.scores, run.scoring_s = scores, 0.5
     return run
 
@@ -293,6 +318,8 @@ def test_sampled_criterion_judges_pit_and_likelihood_shift(pit_power: float, shi
     assert (res["failed"] == ["sampled"]) == (verdict == "FAIL")
     table = "\n".join(_sampled_table(res))
     assert "mean token log-prob" in table and "Likelihood shift" in table and "excess log-prob" in table
+    prof = res["sampled"]["conformance"]["profiles"]["candidate"]
+    assert [x["profile"] for x in prof] == ["T=0.8", "T=1 top_p=0.9"] and sum(x["samples"] for x in prof) == 160
     cand.sampled.scores = None  # samples that were never scored cannot pass
     res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0"])
     assert res["failed"] == ["sampled"] and "not scored" in res["criteria"][4]["detail"]
@@ -385,3 +412,15 @@ def test_junit_xml_lists_criteria_and_failures(tmp_path: Path) -> None:
     failed = sorted(c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None)
     assert failed == sorted(res["failed"]) and "exact_match" in failed
     assert int(suite.get("failures")) == len(res["failed"])
+
+
+def test_one_impossible_token_beyond_the_baseline_fails_the_gate_and_says_which_parameter() -> None:
+    pol = load_policy()
+    texts, ids = ["ok\n"] * 40, [[i, 1, 2, 3] for i in range(40)]
+    base, cand = _arms(texts, ids)
+    base.sampled, cand.sampled = _sampled_run("b", 1.0, 0.0, 1), _sampled_run("c", 1.0, 0.0, 2, impossible=2)
+    res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0"])
+    assert res["failed"] == ["sampled"]
+    conf = res["sampled"]["conformance"]
+    assert conf["out_of_support_reasons"] == {"baseline": {}, "candidate": {"top_p": 2}}
+    assert "top_p 2" in "\n".join(_sampled_table(res))

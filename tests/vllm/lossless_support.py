@@ -40,13 +40,14 @@ def token_position_pvalue(a: list[list[int]], b: list[list[int]], pos: int) -> f
 
 def sample_run(name: str, outs, temperature: float, seed: int = 0):
     """vLLM ``RequestOutput``s of T>0 samples as a gate ``RunResult`` (one record per sample), ready for
-    ``gate.conformance.score_runs``."""
+    ``gate.conformance.score_runs``, which judges them under plain sampling at ``temperature`` (the
+    sampler the samples claim, whatever drew them)."""
     from vllm_lookahead.gate.engine import RequestRecord, RunResult
 
     recs = [RequestRecord(item_id="p", sample=i, token_ids=list(o.outputs[0].token_ids), text="",
                           finish_reason=o.outputs[0].finish_reason, num_prompt_tokens=len(o.prompt_token_ids),
                           prompt_token_ids=list(o.prompt_token_ids)) for i, o in enumerate(outs)]
-    return RunResult(name=name, decoder={}, mode="batch", temperature=temperature, seed=seed, wall_s=0.0, records=recs)
+    return RunResult(name=name, decoder={}, mode="batch", sampling=[{"temperature": temperature}], seed=seed, wall_s=0.0, records=recs)
 
 
 def likelihood_pvalues(run) -> dict[str, float]:

@@ -152,8 +152,8 @@ def test_sampling_distribution_unchanged(engine_factory):
     assert drafted > 0, "lookahead proposed no drafts at T=1: the test would be vacuous"
     scorer = engine_factory("none", seed=7)  # prefix caching on: the shared prompt is computed once
     outs = scorer.generate([prompt] * n, SamplingParams(temperature=1.3, max_tokens=5), use_tqdm=False)
-    runs.append(sample_run("control T=1.3", outs, 1.3))
-    score_runs(scorer, runs, 1.0)
+    runs.append(sample_run("control T=1.3", outs, 1.0))  # drawn at 1.3, judged as if at 1.0
+    score_runs(scorer, runs)
     del scorer
     gc.collect()
 

@@ -120,19 +120,37 @@ def _crit(name: str, measured: Any, threshold: str, passed: bool | None, require
 
 
 def _conformance(run: RunResult) -> dict[str, Any]:
-    """One arm's T>0 samples under the baseline model: mean token log-prob, PIT values, out-of-support."""
-    from quality_sidecar.detectors.conformance import excess_totals
+    """One arm's T>0 samples under the baseline model: mean token log-prob, PIT values, out-of-support
+    tokens (by the parameter that excludes them), and the excess per sampling profile."""
+    from quality_sidecar.detectors.conformance import excess_test, excess_totals
+    from vllm_lookahead.gate.profiles import profile_of
 
     sc = [x for x in (run.scores or []) if x["n_tokens"]]
-    by_item: dict[str, list[float]] = {}
+    n_prof = max(1, len(run.sampling))
+    by_item: dict[str, list[float]] = {}  # keyed by (item, profile): the shift pairs like with like
     for x in sc:
-        by_item.setdefault(x["item_id"], []).append(x["mean_logprob"])
+        if x["mean_logprob"] is not None and np.isfinite(x["mean_logprob"]):
+            by_item.setdefault(f"{x['item_id']}#{x['sample'] % n_prof}", []).append(x["mean_logprob"])
     pit = np.array([u for x in sc for u in x["pit"]], float)
+    reasons: dict[str, int] = {}
+    for x in run.scores or []:
+        for k, v in (x.get("oos_reasons") or {}).items():
+            reasons[k] = reasons.get(k, 0) + int(v)
+    profiles = []
+    for j in range(len(run.sampling)):
+        part = [x for x in sc if x["sample"] % n_prof == j]
+        ex = excess_test(*excess_totals(x.get("excess") for x in part))
+        profiles.append({"profile": profile_of(run.sampling, j).label, "samples": len(part),
+                         "tokens": int(sum(x["n_tokens"] for x in part)),
+                         "excess_nats_per_token": ex.statistic, "excess_p": ex.pvalue,
+                         "out_of_support": int(sum(x["out_of_support"] for x in part))})
+    lps = [x["mean_logprob"] for x in sc if x["mean_logprob"] is not None and np.isfinite(x["mean_logprob"])]
     return {"excess": excess_totals(x.get("excess") for x in sc), "n_samples": len(sc),
             "n_tokens": int(sum(x["n_tokens"] for x in sc)),
-            "mean_token_logprob": float(np.mean([x["mean_logprob"] for x in sc])) if sc else None,
+            "mean_token_logprob": float(np.mean(lps)) if lps else None,
             "mean_pit": float(pit.mean()) if len(pit) else None,
             "out_of_support": int(sum(x["out_of_support"] for x in (run.scores or []))),
+            "out_of_support_reasons": reasons, "profiles": profiles,
             "by_item": by_item, "pit": pit, "scoring_s": run.scoring_s}
 
 
@@ -188,9 +206,15 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
             "excess_baseline_control": {"nats_per_token": ex_b.statistic, "p_value": ex_b.pvalue,
                                         "detail": ex_b.detail},
             "out_of_support": {"baseline": bc["out_of_support"], "candidate": cc["out_of_support"]},
+            "out_of_support_reasons": {"baseline": bc["out_of_support_reasons"],
+                                       "candidate": cc["out_of_support_reasons"]},
+            "profiles": {"baseline": bc["profiles"], "candidate": cc["profiles"]},
             "scoring_s": {"baseline": bc["scoring_s"], "candidate": cc["scoring_s"]}})
     adj = stats.adjust_pvalues(list(tests.values()), method)
-    return {"n_baseline": len(b), "n_candidate": len(c), "temperature": pol["temperature"],
+    from vllm_lookahead.gate.profiles import parse_profiles
+
+    return {"n_baseline": len(b), "n_candidate": len(c),
+            "profiles": [p.label for p in parse_profiles(pol["profiles"])],
             "p_values": tests, "p_adjusted": dict(zip(tests, adj)), "rates": rates, "conformance": conf}
 
 
@@ -351,7 +375,7 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
             "sampled", round(minp, 4),
             f"every T>0 test ({method}-adjusted p >= {c['alpha']}) and no out-of-support token beyond the baseline's",
             ok, bool(c["required"]),
-            f"T={c['temperature']}, {sampled['n_candidate']} samples/arm; {extra}" +
+            f"{' | '.join(sampled['profiles'])}, {sampled['n_candidate']} samples/arm; {extra}" +
             ", ".join(f"{k} p={v:.3g}" for k, v in sampled["p_adjusted"].items())))
     c = crit_pol["latency"]
     bt, ct = lat_b.get("seq_tokens_per_s"), lat_c.get("seq_tokens_per_s")

@@ -24,9 +24,10 @@ import numpy as np
 from vllm_lookahead.gate.engine import RunResult
 
 
-def score_runs(llm: Any, runs: list[RunResult], temperature: float, *, chunk: int = 64, seed: int = 0,
-               top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> float:
+def score_runs(llm: Any, runs: list[RunResult], *, chunk: int = 64, seed: int = 0) -> float:
     """Fill ``run.scores`` (one dict per record, same order) for every run; returns the seconds spent.
+
+    Each record is scored under the sampler of its own profile (``run.sampling``, ``profile_of``).
 
     ``llm`` must be an in-process ``vllm.LLM`` without speculation, same model and dtype as the arms.
     The PIT randomisation draws from (``seed``, run name), so a run's PIT values depend on nothing
@@ -36,10 +37,10 @@ def score_runs(llm: Any, runs: list[RunResult], temperature: float, *, chunk: in
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from quality_sidecar.detectors.conformance import SamplerParams, score_full
+    from quality_sidecar.detectors.conformance import score_full
+    from vllm_lookahead.gate.profiles import profile_of
     from vllm_lookahead.vllm.prompt_scores import scoring
 
-    params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     # detokenize=False: with a prefix-cache hit vLLM leaves the prompt log-probs of the cached
     # positions uninitialised (garbage ids), which must not reach the tokenizer
     cached = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
@@ -95,18 +96,28 @@ def score_runs(llm: Any, runs: list[RunResult], temperature: float, *, chunk: in
                                        "vllm_lookahead.vllm.prompt_scores no longer matches this vLLM")
                 for r in part:
                     if not r.token_ids:
-                        scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": 0,
-                                       "mean_logprob": None, "pit": [], "out_of_support": 0, "excess": [0.0, 0.0, 0]})
+                        scores.append(empty_score(r.item_id, r.sample))
                         continue
                     # get, not pop: two samples of one prompt may be the same token sequence
                     rows = stash.get(tuple(r.prompt_token_ids) + tuple(r.token_ids))
                     if rows is None or np.isnan(rows).any():
                         raise RuntimeError(f"scoring engine returned no full log-prob rows for {r.item_id}/{r.sample}")
-                    sc = score_full(rows, r.token_ids, params, rng)
-                    scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": sc.n_tokens,
-                                   "mean_logprob": sc.mean_logprob, "pit": [float(x) for x in sc.pit],
-                                   "out_of_support": int(sc.out_of_support), "excess": sc.excess_sums()})
+                    sc = score_full(rows, r.token_ids, profile_of(run.sampling, r.sample).sampler(), rng)
+                    scores.append(score_dict(r.item_id, r.sample, sc))
         run.scores = scores
         run.scoring_s = time.perf_counter() - t0 + prime_s / len(runs)
         run.scoring_check = worst
     return time.perf_counter() - t_all
+
+
+def empty_score(item_id: str, sample: int) -> dict[str, Any]:
+    """The score of a sample with no output tokens (nothing to judge)."""
+    return {"item_id": item_id, "sample": sample, "n_tokens": 0, "mean_logprob": None, "pit": [],
+            "out_of_support": 0, "oos_reasons": {}, "skipped": 0, "excess": [0.0, 0.0, 0]}
+
+
+def score_dict(item_id: str, sample: int, sc: Any) -> dict[str, Any]:
+    """A ``SequenceScore`` as the JSON-safe dict a run keeps per record (in-process and endpoint mode)."""
+    return {"item_id": item_id, "sample": sample, "n_tokens": sc.n_tokens, "mean_logprob": sc.mean_logprob,
+            "pit": [float(x) for x in sc.pit], "out_of_support": int(sc.out_of_support),
+            "oos_reasons": dict(sc.oos_reasons), "skipped": int(sc.skipped), "excess": sc.excess_sums()}

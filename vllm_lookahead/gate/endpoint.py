@@ -33,8 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from quality_sidecar.workers import WorkFailed
+from vllm_lookahead.gate.conformance import empty_score, score_dict
 from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunResult
 from vllm_lookahead.gate.evalset import EvalItem
+from vllm_lookahead.gate.profiles import SamplingProfile, profile_of
 
 PROBE_PROMPT = "def add(a, b):\n    return"
 
@@ -146,13 +149,15 @@ class EndpointClient:
                                 f"(it serves {models})")
         return self.model
 
-    def generate(self, prompt: str, max_tokens: int, temperature: float) -> tuple[dict[str, Any], float]:
-        """One sample: ({token_ids, text, finish_reason, prompt_token_ids}, wall seconds)."""
+    def generate(self, prompt: str, max_tokens: int, temperature: float = 0.0,
+                 sampling: dict[str, Any] | None = None) -> tuple[dict[str, Any], float]:
+        """One sample: ({token_ids, text, finish_reason, prompt_token_ids}, wall seconds).  ``sampling``
+        (a profile's ``request_fields``) replaces the plain ``temperature`` sampler."""
         body: dict[str, Any] = {
             "model": self.model, "max_tokens": max_tokens, "temperature": temperature, "n": 1,
             "return_token_ids": True,
             # vLLM would fill these from generation_config.json: state the sampler exactly
-            "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+            "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, **(sampling or {})}
         if self.opts.api == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
             path = "/v1/chat/completions"
@@ -224,16 +229,18 @@ class HttpEngine:
                 "model": self.client.model, "api": self.client.opts.api,
                 "server_version": self.client.version, "k": None, "params": {}, "class": None}
 
-    def run(self, name: str, items: list[EvalItem], *, concurrency: int, temperature: float = 0.0,
-            samples: int = 1, progress: Callable[[str], None] | None = None) -> RunResult:
+    def run(self, name: str, items: list[EvalItem], *, concurrency: int,
+            profiles: list[SamplingProfile] | None = None, samples: int = 1,
+            progress: Callable[[str], None] | None = None) -> RunResult:
         """Every item (x samples) with ``concurrency`` requests in flight; records in job order
-        (sample-major, like the in-process batch)."""
+        (sample-major, like the in-process batch).  Greedy without ``profiles``."""
         jobs = [(it, s) for s in range(samples) for it in items]
         before = self.client.spec_counters()
 
         def one(job: tuple[EvalItem, int]) -> RequestRecord:
             it, s = job
-            out, wall = self.client.generate(it.prompt, it.max_tokens or self.default_max_tokens, temperature)
+            fields = profile_of(profiles, s).request_fields(it.id, s, self.seed) if profiles else None
+            out, wall = self.client.generate(it.prompt, it.max_tokens or self.default_max_tokens, sampling=fields)
             n = len(out["token_ids"])
             return RequestRecord(it.id, s, out["token_ids"], out["text"], out["finish_reason"],
                                  len(out["prompt_token_ids"]), tpot_s=wall / n if n else None,
@@ -247,11 +254,11 @@ class HttpEngine:
             progress(f"{name}: {len(recs)} requests at concurrency {concurrency} in {wall:.1f} s")
         mode = "batch" if concurrency >= len(jobs) else ("sequential" if concurrency == 1
                                                           else f"concurrency {concurrency}")
-        return RunResult(name, self.describe(), mode, temperature, self.seed, wall, recs,
+        return RunResult(name, self.describe(), mode, [p.to_json() for p in profiles or []], self.seed, wall, recs,
                          _delta(before, self.client.spec_counters()))
 
     def run_arm(self, items: list[EvalItem], *, name: str, sequential_items: list[EvalItem] | None,
-                samples: int = 0, temperature: float = 0.8, aa_batch_size: int | None = None,
+                samples: int = 0, profiles: list[SamplingProfile] | None = None, aa_batch_size: int | None = None,
                 concurrency: int = 16, progress: Callable[[str], None] | None = None) -> ArmRuns:
         """Greedy at ``concurrency``; the A/A partner (baseline: every item again at ``aa_batch_size``
         in flight, another batch composition on the server); the batch-1 latency subset one at a time;
@@ -261,8 +268,8 @@ class HttpEngine:
               if aa_batch_size else None)
         seq = (self.run(f"{name} latency", sequential_items, concurrency=1, progress=progress)
                if sequential_items else None)
-        sampled = (self.run(f"{name} T={temperature}", items, concurrency=concurrency, temperature=temperature,
-                            samples=samples, progress=progress) if samples > 0 else None)
+        sampled = (self.run(f"{name} T>0", items, concurrency=concurrency, profiles=profiles,
+                            samples=samples, progress=progress) if samples > 0 and profiles else None)
         return ArmRuns(greedy, seq, sampled, 0.0, aa)
 
 
@@ -294,16 +301,16 @@ class HttpScorer:
         lp = _RetryingLogprobClient(self.client)
         try:
             lp.score(out["prompt_token_ids"], out["token_ids"])
-        except RuntimeError as e:
+        except (RuntimeError, WorkFailed) as e:
             raise EndpointError(f"baseline endpoint {self.client.url} cannot score T>0 samples ({e}); "
                                 "set criteria.sampled.samples_per_item: 0 and required: false to gate without "
                                 "the T>0 check") from None
 
-    def score(self, runs: list[RunResult], temperature: float) -> float:
-        from quality_sidecar.detectors.conformance import SamplerParams, score_topk
+    def score(self, runs: list[RunResult]) -> float:
+        """Each record under the sampler of its own profile (``run.sampling``)."""
+        from quality_sidecar.detectors.conformance import score_topk
 
         lp = _RetryingLogprobClient(self.client)
-        params = SamplerParams(temperature=temperature)
         t_all = time.perf_counter()
         for run in runs:
             t0 = time.perf_counter()
@@ -314,7 +321,7 @@ class HttpScorer:
                     return None
                 try:
                     return lp.score(r.prompt_token_ids, r.token_ids)
-                except RuntimeError as e:
+                except (RuntimeError, WorkFailed) as e:
                     if isinstance(e, EndpointError):
                         raise
                     raise EndpointError(f"baseline endpoint {self.client.url}: scoring failed: {e}") from None
@@ -324,15 +331,11 @@ class HttpScorer:
             scores = []
             for r, row in zip(run.records, rows):  # in record order: the PIT draws do not depend on timing
                 if row is None:
-                    scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": 0, "mean_logprob": None,
-                                   "pit": [], "out_of_support": 0, "skipped": 0, "excess": [0.0, 0.0, 0]})
+                    scores.append(empty_score(r.item_id, r.sample))
                     continue
                 ids, lps, tok = row
-                sc = score_topk(ids, lps, r.token_ids, tok, params, rng)
-                scores.append({"item_id": r.item_id, "sample": r.sample, "n_tokens": sc.n_tokens,
-                               "mean_logprob": sc.mean_logprob, "pit": [float(x) for x in sc.pit],
-                               "out_of_support": int(sc.out_of_support), "skipped": int(sc.skipped),
-                               "excess": sc.excess_sums()})
+                sc = score_topk(ids, lps, r.token_ids, tok, profile_of(run.sampling, r.sample).sampler(), rng)
+                scores.append(score_dict(r.item_id, r.sample, sc))
             run.scores = scores
             run.scoring_s = time.perf_counter() - t0
         return time.perf_counter() - t_all

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from vllm_lookahead.decoders import DecoderSpec
 from vllm_lookahead.gate.evalset import EvalItem
+from vllm_lookahead.gate.profiles import SamplingProfile, profile_of
 
 
 @dataclass
@@ -55,7 +56,8 @@ class RunResult:
     name: str
     decoder: dict[str, Any]
     mode: str  # "batch" (all prompts at once) or "sequential" (one at a time)
-    temperature: float
+    # [] for greedy runs; else the sampling profiles (``gate.profiles``): sample j used profiles[j % len]
+    sampling: list[dict[str, Any]]
     seed: int
     wall_s: float
     records: list[RequestRecord]
@@ -167,32 +169,36 @@ class GateEngine:
                 out[k] = v - (b or 0)
         return out
 
-    def _params(self, item: EvalItem, temperature: float) -> Any:
+    def _params(self, item: EvalItem, profile: SamplingProfile | None = None, sample: int = 0) -> Any:
         from vllm import SamplingParams
 
         mt = item.max_tokens or self.opts.default_max_tokens
-        if temperature == 0:
+        if profile is None:
             return SamplingParams(temperature=0.0, max_tokens=mt)
-        return SamplingParams(temperature=temperature, top_p=1.0, max_tokens=mt)
+        return SamplingParams(temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k or 0,
+                              min_p=profile.min_p, seed=profile.request_seed(item.id, sample, self.opts.seed),
+                              max_tokens=mt)
 
-    def run_batch(self, name: str, items: list[EvalItem], *, temperature: float = 0.0,
+    def run_batch(self, name: str, items: list[EvalItem], *, profiles: list[SamplingProfile] | None = None,
                   samples: int = 1) -> RunResult:
-        """All prompts (x samples) submitted at once; vLLM schedules the batch."""
+        """All prompts (x samples) submitted at once; vLLM schedules the batch.  Greedy without
+        ``profiles``; else sample j of each item is drawn with ``profile_of(profiles, j)``."""
         jobs = [(it, s) for s in range(samples) for it in items]
         before = self.spec_counters()
         t0 = time.perf_counter()
-        outs = self.llm.generate([it.prompt for it, _ in jobs], [self._params(it, temperature) for it, _ in jobs],
+        params = [self._params(it, profile_of(profiles, s) if profiles else None, s) for it, s in jobs]
+        outs = self.llm.generate([it.prompt for it, _ in jobs], params,
                                  use_tqdm=lambda *a, **k: tqdm(*a, **{**k, "desc": f"{name} (batch)"}))
         wall = time.perf_counter() - t0
         recs = [_record(it.id, s, o) for (it, s), o in zip(jobs, outs)]
-        return RunResult(name, self.spec.describe(), "batch", temperature, self.opts.seed, wall, recs,
-                         self._delta(before))
+        return RunResult(name, self.spec.describe(), "batch", [p.to_json() for p in profiles or []],
+                         self.opts.seed, wall, recs, self._delta(before))
 
-    def score(self, runs: list[RunResult], temperature: float) -> float:
+    def score(self, runs: list[RunResult]) -> float:
         """Score T>0 runs under this (non-speculative) engine: see ``gate.conformance``."""
         from vllm_lookahead.gate.conformance import score_runs
 
-        return score_runs(self.llm, runs, temperature, seed=self.opts.seed)
+        return score_runs(self.llm, runs, seed=self.opts.seed)
 
     def run_chunked(self, name: str, items: list[EvalItem], batch_size: int = 1) -> RunResult:
         """Greedy, ``batch_size`` prompts at a time (1 = one at a time): the A/A partner of the
@@ -203,12 +209,12 @@ class GateEngine:
         chunks = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
         unit = "req" if batch_size == 1 else f"batch of {batch_size}"
         for chunk in tqdm(chunks, desc=f"{name} ({unit})", unit="batch" if batch_size > 1 else "req"):
-            outs = self.llm.generate([it.prompt for it in chunk], [self._params(it, 0.0) for it in chunk],
+            outs = self.llm.generate([it.prompt for it in chunk], [self._params(it) for it in chunk],
                                      use_tqdm=False)
             recs += [_record(it.id, 0, o) for it, o in zip(chunk, outs)]
         wall = time.perf_counter() - t0
         mode = "sequential" if batch_size == 1 else f"chunks of {batch_size}"
-        return RunResult(name, self.spec.describe(), mode, 0.0, self.opts.seed, wall, recs,
+        return RunResult(name, self.spec.describe(), mode, [], self.opts.seed, wall, recs,
                          self._delta(before))
 
 
@@ -224,8 +230,8 @@ class ArmRuns:
 
 
 def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, name: str,
-            sequential_items: list[EvalItem] | None, samples: int = 0, temperature: float = 0.8,
-            aa_batch_size: int | None = None) -> ArmRuns:
+            sequential_items: list[EvalItem] | None, samples: int = 0,
+            profiles: list[SamplingProfile] | None = None, aa_batch_size: int | None = None) -> ArmRuns:
     """Start an engine for ``spec``; run greedy batched, the optional A/A pass (all items at
     ``aa_batch_size``), the batch-1 latency subset and the T>0 samples; shut the engine down."""
     if not Path(opts.model).is_dir():
@@ -236,6 +242,6 @@ def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, na
         greedy = eng.run_batch(name, items)
         aa = eng.run_chunked(f"{name} A/A", items, aa_batch_size) if aa_batch_size else None
         seq = eng.run_chunked(f"{name} latency", sequential_items) if sequential_items else None
-        sampled = eng.run_batch(f"{name} T={temperature}", items, temperature=temperature,
-                                samples=samples) if samples > 0 else None
+        sampled = eng.run_batch(f"{name} T>0", items, profiles=profiles, samples=samples) \
+            if samples > 0 and profiles else None
     return ArmRuns(greedy, seq, sampled, startup, aa)

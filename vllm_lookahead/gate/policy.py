@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from vllm_lookahead.gate.profiles import parse_profiles
+
 DEFAULT_POLICY = Path(__file__).with_name("default_policy.yaml")
 MANDATORY = ("pass_rate_overall", "pass_rate_per_task", "exact_match", "behaviour")
 MARGIN = (int, float, type(None))
@@ -20,11 +22,14 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "pass_rate_per_task": {"max_drop": (int, float), "required": bool, "ni_margin": MARGIN},
     "exact_match": {"max_excess_mismatch": (int, float), "required": bool},
     "behaviour": {"max_increase": (int, float), "classifiers": list, "required": bool, "ni_margin": MARGIN},
-    "sampled": {"required": bool, "samples_per_item": int, "temperature": (int, float), "alpha": (int, float)},
+    "sampled": {"required": bool, "samples_per_item": int, "profiles": list, "alpha": (int, float)},
     "latency": {"required": bool, "min_speedup": (int, float)},
     "acceptance_length": {"required": bool, "min_mean_length": (int, float)},
 }
 TOP = {"version", "alpha", "multiple_testing", "bootstrap", "criteria", "runs", "sequential"}
+# keys that were replaced: the error names the replacement instead of "unknown key"
+REMOVED = {("sampled", "temperature"): "criteria.sampled.profiles (a list of sampling profiles, e.g. "
+                                       "[{temperature: 0.8}, {temperature: 1.0, top_p: 0.9, top_k: 50}])"}
 
 
 class PolicyError(ValueError):
@@ -78,6 +83,8 @@ def validate(policy: Any) -> dict[str, Any]:
         if not isinstance(given, dict):
             raise PolicyError(f"policy: criteria.{name} must be a mapping")
         for key, value in given.items():
+            if (name, key) in REMOVED:
+                raise PolicyError(f"policy: criteria.{name}.{key} was replaced by {REMOVED[(name, key)]}")
             if key not in SCHEMA[name]:
                 raise PolicyError(f"policy: unknown key criteria.{name}.{key}; allowed: {sorted(SCHEMA[name])}")
             _check_type(f"criteria.{name}.{key}", value, SCHEMA[name][key])
@@ -95,8 +102,12 @@ def validate(policy: Any) -> dict[str, Any]:
             raise PolicyError(f"policy: criteria.{name}.ni_margin must be in (0, 1) or null, got {m}")
     if c["acceptance_length"]["min_mean_length"] < 1:
         raise PolicyError("policy: criteria.acceptance_length.min_mean_length must be >= 1 (tokens per verify step)")
-    if c["sampled"]["samples_per_item"] < 0 or c["sampled"]["temperature"] <= 0:
-        raise PolicyError("policy: criteria.sampled needs samples_per_item >= 0 and temperature > 0")
+    if c["sampled"]["samples_per_item"] < 0:
+        raise PolicyError("policy: criteria.sampled needs samples_per_item >= 0")
+    try:
+        parse_profiles(c["sampled"]["profiles"])
+    except ValueError as e:
+        raise PolicyError(f"policy: {e}") from None
     if c["sampled"]["samples_per_item"] == 0 and c["sampled"]["required"]:
         # a required check that never runs would pass by omission: say so instead of downgrading it
         raise PolicyError("policy: criteria.sampled.samples_per_item is 0 but criteria.sampled.required is true; "

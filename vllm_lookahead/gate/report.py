@@ -41,7 +41,14 @@ def _sampled_table(result: dict[str, Any]) -> list[str]:
         return []
     lp, mp, oos, sc = conf["mean_token_logprob"], conf["mean_pit"], conf["out_of_support"], conf["scoring_s"]
     sh = conf["shift"]
-    return ["", f"| T={sm['temperature']} samples under the baseline model | baseline | candidate |", "|---|---|---|",
+    why = conf.get("out_of_support_reasons") or {}
+
+    def reasons(arm: str) -> str:
+        r = why.get(arm) or {}
+        return f" ({', '.join(f'{k} {v}' for k, v in sorted(r.items()))})" if r else ""
+
+    rows = ["", f"| T>0 samples ({' / '.join(sm['profiles'])}) under the baseline model | baseline | candidate |",
+            "|---|---|---|",
             f"| samples / tokens | {sm['n_baseline']} / {conf['tokens']['baseline']} | "
             f"{sm['n_candidate']} / {conf['tokens']['candidate']} |",
             f"| mean token log-prob (nats) | {_fmt(lp['baseline'])} | {_fmt(lp['candidate'])} |",
@@ -52,11 +59,15 @@ def _sampled_table(result: dict[str, Any]) -> list[str]:
             f"{_fmt(conf['excess_candidate']['nats_per_token'])} |",
             f"| excess test p (baseline = A/A control) | {_fmt(conf['excess_baseline_control']['p_value'])} | "
             f"{_fmt(conf['excess_candidate']['p_value'])} |",
-            f"| out-of-support tokens | {oos['baseline']} | {oos['candidate']} |",
-            f"| scoring time (s) | {_fmt(sc['baseline'])} | {_fmt(sc['candidate'])} |",
-            "", f"Likelihood shift candidate - baseline: {sh['effect']:+.4f} nats/token, 95% CI "
-            f"[{sh['ci_low']:+.4f}, {sh['ci_high']:+.4f}], p={sh['p_value']:.3g} "
-            f"({'paired over ' + str(sh['n_pairs']) + ' prompts' if sh['paired'] else 'unpaired'})."]
+            f"| impossible (out-of-support) tokens | {oos['baseline']}{reasons('baseline')} | "
+            f"{oos['candidate']}{reasons('candidate')} |",
+            f"| scoring time (s) | {_fmt(sc['baseline'])} | {_fmt(sc['candidate'])} |"]
+    for pb, pc in zip(*((conf.get("profiles") or {}).get(a, []) for a in ("baseline", "candidate"))):
+        rows.append(f"| excess, nats/token (p) at {pb['profile']} | {_fmt(pb['excess_nats_per_token'])} "
+                    f"({_fmt(pb['excess_p'])}) | {_fmt(pc['excess_nats_per_token'])} ({_fmt(pc['excess_p'])}) |")
+    return rows + ["", f"Likelihood shift candidate - baseline: {sh['effect']:+.4f} nats/token, 95% CI "
+                   f"[{sh['ci_low']:+.4f}, {sh['ci_high']:+.4f}], p={sh['p_value']:.3g} "
+                   f"({'paired over ' + str(sh['n_pairs']) + ' prompts' if sh['paired'] else 'unpaired'})."]
 
 
 def markdown_summary(result: dict[str, Any]) -> str:

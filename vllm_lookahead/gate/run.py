@@ -25,6 +25,7 @@ from vllm_lookahead.gate.endpoint import (
 )
 from vllm_lookahead.gate.engine import ArmRuns, EngineOptions, GateEngine, RunResult, run_arm
 from vllm_lookahead.gate.evalset import EvalItem
+from vllm_lookahead.gate.profiles import parse_profiles
 from vllm_lookahead.gate.report import write_report
 
 
@@ -122,11 +123,11 @@ def run_baseline(inp: GateInputs) -> ArmRuns:
         # A/A from the baseline endpoint itself: the same prompts again at another concurrency
         return http_engine(inp, "baseline").run_arm(
             inp.items, name="baseline", sequential_items=latency_items(inp), samples=s["samples_per_item"],
-            temperature=s["temperature"], aa_batch_size=inp.policy["runs"]["aa_batch_size"],
+            profiles=parse_profiles(s["profiles"]), aa_batch_size=inp.policy["runs"]["aa_batch_size"],
             concurrency=inp.endpoints.opts.concurrency, progress=_progress)
     assert inp.baseline is not None
     return run_arm(opts_for(inp), inp.baseline, inp.items, name="baseline", sequential_items=latency_items(inp),
-                   samples=s["samples_per_item"], temperature=s["temperature"],
+                   samples=s["samples_per_item"], profiles=parse_profiles(s["profiles"]),
                    aa_batch_size=inp.policy["runs"]["aa_batch_size"])
 
 
@@ -135,10 +136,10 @@ def run_candidate(inp: GateInputs) -> ArmRuns:
     if inp.endpoints is not None:
         return http_engine(inp, "candidate").run_arm(
             inp.items, name="candidate", sequential_items=latency_items(inp), samples=s["samples_per_item"],
-            temperature=s["temperature"], concurrency=inp.endpoints.opts.concurrency, progress=_progress)
+            profiles=parse_profiles(s["profiles"]), concurrency=inp.endpoints.opts.concurrency, progress=_progress)
     assert inp.candidate is not None
     return run_arm(opts_for(inp), inp.candidate, inp.items, name="candidate", sequential_items=latency_items(inp),
-                   samples=s["samples_per_item"], temperature=s["temperature"])
+                   samples=s["samples_per_item"], profiles=parse_profiles(s["profiles"]))
 
 
 def score_samples(inp: GateInputs, runs: list[RunResult | None]) -> float:
@@ -150,10 +151,9 @@ def score_samples(inp: GateInputs, runs: list[RunResult | None]) -> float:
     if not todo:
         return 0.0
     if inp.endpoints is not None:  # the baseline endpoint's top-K log-probs
-        return HttpScorer(inp.endpoints.client("baseline"), inp.seed, inp.endpoints.opts.concurrency).score(
-            todo, inp.policy["criteria"]["sampled"]["temperature"])
+        return HttpScorer(inp.endpoints.client("baseline"), inp.seed, inp.endpoints.opts.concurrency).score(todo)
     with GateEngine(opts_for(inp), parse_spec("none"), prefix_caching=True) as eng:
-        return eng.score(todo, inp.policy["criteria"]["sampled"]["temperature"])
+        return eng.score(todo)
 
 
 def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[Any],
