@@ -35,6 +35,7 @@ from .classifiers.format import FormatClassifier
 from .conformance import ConformanceConfig, ConformanceMonitor
 from .detectors.base import to_jsonable
 from .detectors.embedders import make_embedder
+from .detectors.repeats import RepeatChart, repeat_keys
 from .features import Features, extract
 from .monitor import Alarm, ArmComparison, MonitorConfig, PairTable, StreamMonitor
 from .sinks import AlertSink, JsonWriter, Metrics, dlq_record
@@ -57,6 +58,10 @@ ALARM_HELP = {
                              "baseline model's own likelihood (PIT)",
                              "speculative sampling is not lossless: roll the candidate back; on the "
                              "baseline arm it means the scorer and the serving engine differ (model, dtype)"),
+    "repeated_samples": ("T>0 samples of one prompt repeat each other more often than on the baseline arm "
+                         "(every single sample can still look right)",
+                         "the decoder reuses one random stream across requests: roll the candidate back; "
+                         "compare the example requests' outputs"),
     "impossible_tokens": ("T>0 outputs hold tokens the request's sampler could not have drawn (outside its "
                           "top-p / top-k / min-p cut or the vocabulary)",
                           "the decoder ignores a sampling parameter: roll the candidate back; detail.reasons "
@@ -120,6 +125,7 @@ class Pipeline:
         self.compare: dict[str, ArmComparison] = {}
         self.pairs: dict[str, PairTable] = {}
         self.conformance: dict[str, ConformanceMonitor] = {}
+        self.repeats: dict[str, RepeatChart] = {}
         self.seen: OrderedDict[str, None] = OrderedDict()
         # Samples handed to a worker (scorer / replay) and not finished: request id -> (worker, topic,
         # partition, offset).  Offsets are committed only below the oldest of them, and a checkpoint
@@ -211,6 +217,17 @@ class Pipeline:
             groups.setdefault((f.model, f.arm), []).append(f)
         alarms: list[Alarm] = []
         with self._lock:
+            for smp in samples:
+                keys = repeat_keys(smp)
+                if keys is None:
+                    continue
+                model, arm = smp["model"], smp["deployment"]["arm"]
+                chart = self.repeats.setdefault(model, RepeatChart(
+                    restart_after_alarm=self.cfg.monitor.restart_after_alarm))
+                r = chart.add(arm, *keys)
+                if r is not None and r.alarm_new:
+                    alarms.append(Alarm("repeated_samples", model, arm, r, [smp["trace_id"]] if smp.get("trace_id")
+                                        else [], [smp["request_id"]]))
             for (model, arm), fs in groups.items():
                 mon = self._stream(model, arm)
                 alarms += mon.update(fs)
@@ -352,6 +369,11 @@ class Pipeline:
                 d, _, _ = cm.shift()
                 if not math.isnan(d):
                     m.conformance_shift.labels(model).set(d)
+            for model, rc in self.repeats.items():
+                for arm, st in rc.arms.items():
+                    m.alarm.labels("repeated_samples", model, arm).set(1 if st["alarm"] else 0)
+                    m.statistic.labels("repeated_samples", model, arm).set(
+                        st["repeats"] / st["comparisons"] if st["comparisons"] else 0.0)
             for model, pt in self.pairs.items():
                 if pt.detector.pairs_:
                     m.exact.labels(model).set(pt.detector.exact_match_rate)
@@ -380,6 +402,10 @@ class Pipeline:
                          "threshold": cm.impossible.alpha, "alarm_index": st["alarm_index"],
                          "samples_since_fit": st["samples"], "reasons": st["reasons"]}
                         for arm, st in cm.impossible.arms.items() if st["alarm"]]
+            for model, rc in self.repeats.items():
+                out += [{"detector": "repeated_samples", "model": model, "arm": arm, "statistic": st["repeats"],
+                         "threshold": rc.alpha, "alarm_index": st["alarm_index"],
+                         "samples_since_fit": st["comparisons"]} for arm, st in rc.arms.items() if st["alarm"]]
         return [to_jsonable(a) for a in out]
 
     def acknowledge(self, detector: str | None = None, model: str | None = None, arm: str | None = None,
@@ -412,6 +438,12 @@ class Pipeline:
                             and arm in (None, a):
                         cm.reset(a, "impossible_tokens")
                         done.append({"detector": "impossible_tokens", "model": m, "arm": a})
+            for m, rc in self.repeats.items():
+                for a, st in rc.arms.items():
+                    if st["alarm"] and detector in (None, "repeated_samples") and model in (None, m) \
+                            and arm in (None, a):
+                        rc.reset(a)
+                        done.append({"detector": "repeated_samples", "model": m, "arm": a})
             if done:
                 self._control_event("quality_sidecar.ack", {"acknowledged": done, "by": by})
         return done
@@ -460,6 +492,7 @@ class Pipeline:
                     "compare": {m: c.get_state() for m, c in self.compare.items()},
                     "pairs": {m: p.get_state() for m, p in self.pairs.items()},
                     "conformance": {m: c.get_state() for m, c in self.conformance.items()},
+                    "repeats": {m: c.get_state() for m, c in self.repeats.items()},
                     "pending": {rid: w for rid, (w, *_where) in self.pending.items()},
                     "alarms": self.alarm_log[-100:], "control": self.control_log[-100:]}
 
@@ -473,6 +506,9 @@ class Pipeline:
         self.alarm_log = st.get("alarms", [])
         for model, cs in (st.get("conformance") or {}).items():
             self._conformance(model).set_state(cs)
+        for model, cs in (st.get("repeats") or {}).items():
+            self.repeats[model] = RepeatChart(restart_after_alarm=self.cfg.monitor.restart_after_alarm)
+            self.repeats[model].set_state(cs)
         for key, ss in st["streams"].items():
             model, arm = key.split("\x1f")
             mon = self.streams[(model, arm)] = StreamMonitor(model, arm, self.cfg.monitor)

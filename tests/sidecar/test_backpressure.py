@@ -212,3 +212,36 @@ def test_score_cli_reports_impossible_tokens_per_arm(toy: ToyServer, tmp_path: P
     assert base["impossible_tokens"] == 0 and not base["impossible_alarm"]
     assert cand["impossible_alarm"] and cand["impossible_reasons"].get("top_p", 0) >= 20
     assert cand["impossible_examples"]
+
+
+def _same_prompt_stream(n: int, seed: int, n_tokens: int, temperature: float, reuse: bool) -> list[dict]:
+    """Baseline and candidate samples of 10 prompts; ``reuse``: the candidate draws every sample of a
+    prompt from one identically seeded stream (the reused-randomness fault)."""
+    rng = np.random.default_rng(seed)
+    prompts = [[int(x) for x in rng.integers(0, V, 5)] for _ in range(10)]
+    out = []
+    for i in range(n):
+        p = i % 10
+        arm = "baseline" if (i // 10) % 2 == 0 else "candidate"
+        r = np.random.default_rng([seed, p]) if reuse and arm == "candidate" else rng
+        out.append(sample(r, SamplerParams(temperature), n_tokens=n_tokens, arm=arm, prompt=prompts[p]))
+    return out
+
+
+@pytest.mark.parametrize("reuse, n_tokens, temperature", [(True, 30, 1.0), (False, 2, 0.3)])
+def test_repeated_samples_alarm_on_a_reused_stream_only(reuse: bool, n_tokens: int, temperature: float) -> None:
+    """A reused random stream: every sample exact, samples of one prompt identical -> alarm.  Exact
+    decoders with many natural repeats (2 tokens at T=0.3) -> silent."""
+    from quality_sidecar.service import Pipeline
+
+    pipe = Pipeline(ServiceConfig.from_dict({"monitor": {"text_test": False}}))
+    samples = _same_prompt_stream(400, seed=8, n_tokens=n_tokens, temperature=temperature, reuse=reuse)
+    for i in range(0, len(samples), 20):
+        pipe.process(samples[i:i + 20])
+    ev = [a for a in pipe.alarm_log if a["detector"] == "repeated_samples"]
+    arms = pipe.repeats["toy"].arms
+    if reuse:
+        assert [e["arm"] for e in ev] == ["candidate"] and ev[0]["samples_since_fit"] <= 30, ev
+    else:
+        assert arms["baseline"]["repeats"] > 20 and arms["candidate"]["repeats"] > 20  # natural repeats
+        assert not ev, ev

@@ -13,6 +13,7 @@ draft positions).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import threading
@@ -35,10 +36,10 @@ def row(prev: int) -> np.ndarray:
 
 
 def sample(rng: np.random.Generator, params: SamplerParams, n_tokens: int = 30, arm: str = "baseline",
-           ignore_truncation_every: int = 0, model: str = "toy") -> dict[str, Any]:
+           ignore_truncation_every: int = 0, model: str = "toy", prompt: list[int] | None = None) -> dict[str, Any]:
     """One schema-v1 sample drawn from the toy model (``ignore_truncation_every=2``: every other token
     drawn at the temperature alone, the fault)."""
-    prompt = [int(x) for x in rng.integers(0, V, 5)]
+    prompt = list(prompt) if prompt is not None else [int(x) for x in rng.integers(0, V, 5)]
     out: list[int] = []
     prev = prompt[-1]
     plain = SamplerParams(params.temperature)
@@ -52,7 +53,7 @@ def sample(rng: np.random.Generator, params: SamplerParams, n_tokens: int = 30, 
             "time": {"arrival_unix_s": 1.8e9, "finish_unix_s": 1.8e9 + 1},
             "sampling": {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None,
                          "min_p": params.min_p or None, "max_tokens": n_tokens, "n": 1},
-            "prompt": {"text": "toy", "sha256": secrets.token_hex(32), "redacted": False},
+            "prompt": {"text": "toy", "sha256": hashlib.sha256(repr(prompt).encode()).hexdigest(), "redacted": False},
             "prompt_token_ids": prompt,
             "output": {"text": "toy", "token_ids": out, "num_tokens": len(out), "finish_reason": "length"}}
 

