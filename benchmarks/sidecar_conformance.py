@@ -83,11 +83,14 @@ def generate(model: str, spec_text: str, dtype: str, prompts: list[str], args: a
     return rows
 
 
-def score(model: str, dtype: str, rows: list[dict], k: int, params: Any, llm: Any = None) -> list[dict]:
+def score(model: str, dtype: str, rows: list[dict], k: int, params: Any, llm: Any = None,
+          full_oos: bool = False) -> list[dict]:
     """Top-K raw log-probs of every output position, from a no-speculation engine (prompt_logprobs),
     and, from the full rows of the same pass (``vllm_lookahead.vllm.prompt_scores``), each token's
     excess log-prob (log p(y) - E_sampler[log p]: the fault size in nats/token, see
-    ``detectors.conformance.excess_logprob``).  The sidecar itself only ever sees the top K."""
+    ``detectors.conformance.excess_logprob``).  The sidecar itself only ever sees the top K.  With
+    ``full_oos`` each row also gets ``full_oos``: its impossible tokens by reason from the full rows
+    (what the in-process gate sees)."""
     from vllm import SamplingParams
 
     from quality_sidecar.detectors.conformance import excess_logprob
@@ -111,6 +114,10 @@ def score(model: str, dtype: str, rows: list[dict], k: int, params: Any, llm: An
             for r in part:
                 full = stash[tuple(r["prompt_ids"] + r["output_ids"])]
                 r["excess"] = excess_logprob(full, r["output_ids"], params).tolist()
+                if full_oos:
+                    from quality_sidecar.detectors.conformance import score_full
+
+                    r["full_oos"] = score_full(full, r["output_ids"], params, np.random.default_rng(0)).oos_reasons
     for r, o in zip(todo, outs):
         n_out = len(r["output_ids"])
         plp = o.prompt_logprobs[-n_out:]

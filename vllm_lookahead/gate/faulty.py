@@ -115,6 +115,8 @@ def _install_patches() -> None:
     def apply_sampling_constraints(logits: Any, cu_num_draft_tokens: Any, sampling_metadata: Any) -> Any:
         drafter = _ACTIVE.get()
         if isinstance(drafter, IgnoreTruncationProposer) and not sampling_metadata.all_greedy:
+            if logits.shape[0] == 0:  # vLLM's top-k-only path cannot reduce an empty batch
+                return logits
             sampling_metadata = dataclasses.replace(sampling_metadata, **{drafter.param: None})
         return orig_constraints(logits, cu_num_draft_tokens, sampling_metadata)
 
