@@ -85,9 +85,11 @@ def test_full_rows_match_vllm_prompt_logprobs(gates: dict[str, Any]) -> None:
     for run in gates["_runs"]:
         assert run.scores is not None and len(run.scores) == len(run.records) > 50
         assert run.scoring_check is not None and run.scoring_check < 1e-5
-        # full rows: every token is judged, as a PIT value or as impossible (a fault's extra tokens)
-        assert sum(len(s["pit"]) + s["out_of_support"] for s in run.scores) == \
-            sum(len(r.token_ids) for r in run.records)
+        # full rows: every token is judged, as a PIT value or as impossible (a fault's extra tokens);
+        # only a token within the numeric tolerance of a top-p / top-k boundary is skipped
+        tokens = sum(len(r.token_ids) for r in run.records)
+        assert sum(len(s["pit"]) + s["out_of_support"] + s["skipped"] for s in run.scores) == tokens
+        assert sum(s["skipped"] for s in run.scores) <= 0.05 * tokens
 
 
 @pytest.mark.parametrize("fault", FAULTS)
