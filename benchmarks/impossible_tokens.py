@@ -6,7 +6,7 @@ top-k 50), each arm's samples are scored as the sidecar scores them (top-K promp
 no-speculation engine, ``score_topk``) and as the gate does (full rows, ``score_full``); the impossible
 tokens of each are counted by the parameter that excludes them.  For every faulty arm the sidecar's
 ``ImpossibleTokenChart`` is run on streams that interleave it 1:1 with the ``none`` arm (the baseline
-arm of a canary) and score a fraction (the sidecar's default 0.2) of each: the number of candidate
+arm of a canary) and score a fraction (default: all, the sidecar's default) of each: the number of candidate
 samples *in the stream* to the first alarm, median and p90 over random orders.  Every exact arm gets
 the same chart against the ``none`` arm's control: alarms there are false alarms.
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--batch", type=int, default=32, help="max_num_seqs of the sampling engines")
     ap.add_argument("--top-logprobs", type=int, default=20, help="K of the sidecar's scorer")
-    ap.add_argument("--fraction", type=float, default=0.2, help="share of each arm the sidecar scores")
+    ap.add_argument("--fraction", type=float, default=1.0, help="share of each arm the sidecar scores (its default)")
     ap.add_argument("--streams", type=int, default=200, help="random orders per faulty arm")
     ap.add_argument("--arms", default=";".join(DEFAULT_ARMS), help="name=spec[@dtype];...")
     ap.add_argument("--seed", type=int, default=0)
