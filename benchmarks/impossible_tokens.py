@@ -8,7 +8,9 @@ tokens of each are counted by the parameter that excludes them.  For every fault
 ``ImpossibleTokenChart`` is run on streams that interleave it 1:1 with the ``none`` arm (the baseline
 arm of a canary) and score a fraction (default: all, the sidecar's default) of each: the number of candidate
 samples *in the stream* to the first alarm, median and p90 over random orders.  Every exact arm gets
-the same chart against the ``none`` arm's control: alarms there are false alarms.
+the same chart against the ``none`` arm's control: alarms there are false alarms.  The sidecar's
+``RepeatChart`` (samples of one prompt repeating) runs on the same 1:1 streams (every prompt is sampled
+``--samples-per-prompt`` times).
 
     python benchmarks/impossible_tokens.py --json benchmarks/results/impossible_tokens.json
 """
@@ -34,6 +36,7 @@ DEFAULT_ARMS = [
     "lookahead_bf16=lookahead:k=8@bfloat16",
     "top_p_ignored=" + FAULTY + "IgnoreTruncationProposer:k=4,param=top_p",
     "top_k_ignored=" + FAULTY + "IgnoreTruncationProposer:k=4,param=top_k",
+    "reused_rng=" + FAULTY + "ReusedRandomnessProposer:k=4",
 ]
 
 
@@ -84,6 +87,32 @@ def first_alarms(cand: list[dict], base: list[dict], fraction: float, n_streams:
     return {"median_candidate_samples_to_alarm": float(np.median(d)), "p90": float(np.quantile(d, 0.9)),
             "alarmed_streams": int(np.isfinite(d).sum()), "streams": n_streams,
             "horizon_candidate_samples": min(len(cand), len(base)), "fraction_scored": fraction}
+
+
+def repeat_alarms(cand: list[dict], base: list[dict], n_streams: int, seed: int) -> dict[str, Any]:
+    """The sidecar's ``RepeatChart`` on 1:1 streams of the two arms in random orders: candidate samples
+    to the first ``repeated_samples`` alarm (inf: none), and the repeat rates it saw."""
+    from quality_sidecar.detectors.repeats import RepeatChart
+
+    rng = np.random.default_rng(seed)
+    firsts, rates = [], []
+    for _ in range(n_streams):
+        chart = RepeatChart()
+        ci, bi = rng.permutation(len(cand)), rng.permutation(len(base))
+        first = math.inf
+        for j in range(min(len(ci), len(bi))):
+            b, c = base[bi[j]], cand[ci[j]]
+            chart.add("baseline", b["prompt_key"], b["output_key"])
+            r = chart.add("candidate", c["prompt_key"], c["output_key"])
+            if r is not None and r.alarm_new and first == math.inf:
+                first = j + 1
+        firsts.append(first)
+        a = chart.arms
+        rates.append([a[x]["repeats"] / max(1, a[x]["comparisons"]) for x in ("baseline", "candidate")])
+    d = np.array(firsts, float)
+    return {"median_candidate_samples_to_alarm": float(np.median(d)), "alarmed_streams": int(np.isfinite(d).sum()),
+            "streams": n_streams, "repeat_rate_baseline": float(np.mean([x[0] for x in rates])),
+            "repeat_rate_candidate": float(np.mean([x[1] for x in rates]))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             for acc, reasons in ((topk_reasons, s.oos_reasons), (full_reasons, r["full_oos"])):
                 for k, v in reasons.items():
                     acc[k] = acc.get(k, 0) + v
-            samples.append({"n": s.n_tokens, "reasons": s.oos_reasons})
+            samples.append({"n": s.n_tokens, "reasons": s.oos_reasons, "prompt_key": str(r["prompt_index"]),
+                            "output_key": repr(r["output_ids"])})
             tokens += s.n_tokens
         per_sample[name] = samples
         arms[name] = {"spec": spec, "dtype": dtype, "samples": len(samples), "tokens": tokens,
@@ -161,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             if name != "none":
                 arms[name]["sidecar_chart_vs_none"] = first_alarms(samples, base, args.fraction, args.streams,
                                                                    args.seed)
+                arms[name]["repeated_samples_vs_none"] = repeat_alarms(samples, base, 20, args.seed)
     out = {"command": "python benchmarks/impossible_tokens.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "model": model,
            "sampler": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k},
