@@ -40,26 +40,6 @@ DEFAULT_ARMS = [
 ]
 
 
-def generate(model: str, spec_text: str, dtype: str, prompts: list[str], args: argparse.Namespace) -> list[dict]:
-    from vllm import SamplingParams
-
-    from vllm_lookahead.decoders import parse_spec
-    from vllm_lookahead.engine import make_llm
-
-    llm = make_llm(model, parse_spec(spec_text), dtype=dtype, seed=args.seed, max_model_len=1024,
-                   max_num_seqs=args.batch)
-    sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens)
-    jobs = [p for _ in range(args.samples_per_prompt) for p in prompts]
-    outs = llm.generate(jobs, sp)
-    rows = [{"prompt_index": i % len(prompts), "prompt_ids": list(o.prompt_token_ids),
-             "output_ids": list(o.outputs[0].token_ids), "finish_reason": o.outputs[0].finish_reason}
-            for i, o in enumerate(outs)]
-    from sidecar_conformance import _close
-
-    _close(llm)
-    return rows
-
-
 def first_alarms(cand: list[dict], base: list[dict], fraction: float, n_streams: int, seed: int) -> dict[str, Any]:
     """Candidate samples (in the stream, before the ``fraction`` selection) to the first alarm of a
     fresh ``ImpossibleTokenChart`` fed the selected samples of a 1:1 baseline/candidate stream."""
@@ -135,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from sidecar_conformance import parse_arm, score
+    from sidecar_conformance import generate, parse_arm, score
 
     from quality_sidecar.detectors.conformance import SamplerParams, score_topk
     from vllm_lookahead.devtools.paths import demo_model_dir

@@ -73,7 +73,8 @@ def generate(model: str, spec_text: str, dtype: str, prompts: list[str], args: a
 
     llm = make_llm(model, parse_spec(spec_text), dtype=dtype, seed=args.seed, max_model_len=1024,
                    max_num_seqs=args.batch)
-    sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
+    sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=getattr(args, "top_k", 0) or 0,
+                        max_tokens=args.max_tokens)
     jobs = [p for _ in range(args.samples_per_prompt) for p in prompts]
     outs = llm.generate(jobs, sp)
     rows = [{"prompt_index": i % len(prompts), "prompt_ids": list(o.prompt_token_ids),
