@@ -32,8 +32,6 @@ FAULTY = "custom:vllm_lookahead.gate.faulty."
 DEFAULT_ARMS = [
     "none=none",
     "lookahead=lookahead:k=8",
-    "ngram=ngram:k=4",
-    "lookahead_bf16=lookahead:k=8@bfloat16",
     "top_p_ignored=" + FAULTY + "IgnoreTruncationProposer:k=4,param=top_p",
     "top_k_ignored=" + FAULTY + "IgnoreTruncationProposer:k=4,param=top_k",
     "reused_rng=" + FAULTY + "ReusedRandomnessProposer:k=4",
