@@ -27,7 +27,8 @@ RUN_FLAGS = {  # flag -> (config key, type, help)
     "alerts": ("alerts", str, "alert events sink: kafka://HOST:PORT/TOPIC or file://PATH.jsonl"),
     "http-port": ("http_port", int, "port for /metrics /healthz /readyz (default 9400; -1 = off)"),
     "config": ("config", str, "YAML config (keys of ServiceConfig, detector knobs under 'monitor:')"),
-    "baseline-url": ("baseline_url", str, "OpenAI-compatible baseline server to replay greedy prompts against"),
+    "baseline-url": ("baseline_url", str, "vLLM server without speculation (http://host:8000 or .../v1): greedy "
+                                          "prompts are replayed against it, T>0 outputs scored under it"),
     "webhook-url": ("webhook_url", str, "POST alert events as JSON to this URL"),
     "state": ("state_path", str, "state file: exactly-once counts across restarts (see docs/sidecar.md)"),
     "reference": ("reference_path", str, "JSONL of reference samples (frozen reference window)"),
