@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                       "duplicate_samples": sm["rates"]["duplicate_samples"],
                       "greedy_mismatches": res["exact_match"]["candidate"]["mismatches"]}
         print(f"{spec:70s} {res['verdict']}  failed={res['failed']}", file=sys.stderr)
-    out = {"command": "python benchmarks/gate_fault_matrix.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    out = {"command": shlex.join(["python", "benchmarks/gate_fault_matrix.py", *(sys.argv[1:] if argv is None else argv)]),
            "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "model": str(model),
            "items": len(items), "samples_per_item": args.samples_per_item,
            "profiles": pol["criteria"]["sampled"]["profiles"], "alpha": pol["criteria"]["sampled"]["alpha"],

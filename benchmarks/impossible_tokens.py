@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shlex
 import math
 import sys
 import time
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 arms[name]["sidecar_chart_vs_none"] = first_alarms(samples, base, args.fraction, args.streams,
                                                                    args.seed)
                 arms[name]["repeated_samples_vs_none"] = repeat_alarms(samples, base, 20, args.seed)
-    out = {"command": "python benchmarks/impossible_tokens.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    out = {"command": shlex.join(["python", "benchmarks/impossible_tokens.py", *(sys.argv[1:] if argv is None else argv)]),
            "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "model": model,
            "sampler": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k},
            "prompts": args.prompts, "samples_per_prompt": args.samples_per_prompt, "max_tokens": args.max_tokens,
