@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shlex
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
