@@ -11,8 +11,8 @@ memory of the last ``memory`` prompts; it *repeats* when its output token ids eq
 most 16) earlier outputs kept for that prompt.  Samples that carry an explicit ``seed`` are left out
 (equal seeds repeat by design).  The candidate alarms when its repeats exceed the baseline's by the
 one-sided Fisher exact test at ``alpha`` per update: exact when both arms see the same prompt mix
-(mirrored or randomly split traffic), which is what a baseline arm is for.  The prompt memory is not
-part of the checkpointed state (a restart only forgets earlier prompts: fewer comparisons).
+(mirrored or randomly split traffic), which is what a baseline arm is for.  The prompt memory is part
+of the checkpointed state (a restart continues exactly; at most ``memory`` x 16 short hashes per arm).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def repeat_keys(sample: Mapping[str, Any]) -> tuple[str, str] | None:
 class RepeatChart:
     """Repeat counts per arm of one model, with the prompt memory that finds the repeats."""
 
-    STATE = ("arms",)
+    STATE = ("arms", "seen")
 
     def __init__(self, alpha: float = 1e-6, memory: int = 10_000, restart_after_alarm: bool = False):
         self.alpha, self.memory, self.restart_after_alarm = alpha, memory, restart_after_alarm
@@ -101,7 +101,8 @@ class RepeatChart:
                 st.update(comparisons=0, repeats=0, alarm=False, alarm_index=None)
 
     def get_state(self) -> dict[str, Any]:
-        return {"arms": self.arms}
+        return {"arms": self.arms, "seen": {a: [[k, v] for k, v in m.items()] for a, m in self._seen.items()}}
 
     def set_state(self, st: Mapping[str, Any]) -> None:
         self.arms = {a: dict(v) for a, v in (st.get("arms") or {}).items()}
+        self._seen = {a: OrderedDict((k, list(v)) for k, v in items) for a, items in (st.get("seen") or {}).items()}

@@ -3,6 +3,7 @@ analysis/verdict on constructed runs, report writing, CLI usage errors (no engin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -208,7 +209,7 @@ def test_sampling_profiles_are_validated_and_the_old_key_names_its_replacement()
                      ([{"temperature": 1, "top_p": 1.5}], "top_p"), ([{"temperature": 1, "seed": "each"}], "seed")):
         with pytest.raises(PolicyError, match=msg):
             validate({"criteria": {"sampled": {"profiles": bad}}})
-    p = profiles[1]
+    p = dataclasses.replace(profiles[1], seed="per_request")
     f = p.request_fields("item-3", 1, 0)
     assert f["top_p"] == p.top_p and f["top_k"] == p.top_k and isinstance(f["seed"], int)
     assert f["seed"] == p.request_fields("item-3", 1, 0)["seed"] != p.request_fields("item-3", 3, 0)["seed"]
