@@ -569,6 +569,7 @@ KNOWN_METRICS = {
     "quality_sidecar_dlq_total",
     "quality_sidecar_consumer_lag",
     "quality_sidecar_alarm",
+    "quality_sidecar_baseline_up",
     "quality_sidecar_alarms_total",
     "quality_sidecar_detector_statistic",
     "quality_sidecar_detector_pvalue",
