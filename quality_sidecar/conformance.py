@@ -220,6 +220,18 @@ def out_of_vocab_score(token_ids: list[int], vocab_size: int) -> SequenceScore |
                          oos_reasons={"vocab": bad})
 
 
+def score_sample(client: LogprobClient, sample: dict[str, Any], params: SamplerParams, cfg: ConformanceConfig,
+                 rng: np.random.Generator) -> SequenceScore:
+    """One sample scored under the baseline server (ids outside ``cfg.vocab_size`` judged without it);
+    raises ``WorkFailed`` as the client does.  The streaming scorer and ``quality-sidecar score`` share it."""
+    out = sample["output"]["token_ids"]
+    sc = out_of_vocab_score(out, cfg.vocab_size) if cfg.vocab_size else None
+    if sc is None:
+        ids, lps, tok = client.score(sample["prompt_token_ids"], out, model=sample.get("model"))
+        sc = score_topk(ids, lps, out, tok, params, rng, vocab_size=cfg.vocab_size, tolerance=cfg.oos_tolerance_nats)
+    return sc
+
+
 class ScoringWorker(BackgroundWorker):
     """Background scorer: ``submit(sample)`` (non-blocking) -> ``on_result(sample, SequenceScore)``.
 
@@ -245,14 +257,7 @@ class ScoringWorker(BackgroundWorker):
 
     def handle(self, item: tuple[dict[str, Any], SamplerParams]) -> None:
         sample, params = item
-        out = sample["output"]["token_ids"]
-        cfg = self.cfg
-        sc = out_of_vocab_score(out, cfg.vocab_size) if cfg.vocab_size else None
-        if sc is None:
-            ids, lps, tok = self.client.score(sample["prompt_token_ids"], out, model=sample.get("model"))
-            sc = score_topk(ids, lps, out, tok, params, self.np_rng, vocab_size=cfg.vocab_size,
-                            tolerance=cfg.oos_tolerance_nats)
-        self.on_result(sample, sc)
+        self.on_result(sample, score_sample(self.client, sample, params, self.cfg, self.np_rng))
 
 
 IMPOSSIBLE_ALPHA = 1e-6  # per update of the impossible-token chart (see ImpossibleTokenChart)

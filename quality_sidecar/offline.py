@@ -40,15 +40,14 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
         IMPOSSIBLE_ALPHA,
         ConformanceConfig,
         LogprobClient,
-        out_of_vocab_score,
         scorable,
+        score_sample,
     )
     from .detectors.conformance import (
         ImpossibleTokenChart,
         excess_test,
         likelihood_shift_test,
         pit_test,
-        score_topk,
     )
     from .workers import RetryPolicy, WorkFailed
 
@@ -70,14 +69,11 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
             continue
         out = s["output"]["token_ids"]
         arm = s["deployment"]["arm"]
-        sc = out_of_vocab_score(out, cc.vocab_size) if cc.vocab_size else None
+        sc = None
         for attempt in range(retry.attempts):
-            if sc is not None:
-                break
             try:
-                ids, lps, tok = client.score(s["prompt_token_ids"], out, model=s.get("model"))
-                sc = score_topk(ids, lps, out, tok, params, rng, vocab_size=cc.vocab_size,
-                                tolerance=cc.oos_tolerance_nats)
+                sc = score_sample(client, s, params, cc, rng)
+                break
             except WorkFailed as e:
                 if e.reason == "rejected_token_ids":
                     impossible.add(arm, len(out), {"vocab": 1})
