@@ -32,7 +32,7 @@ RUN_FLAGS = {  # flag -> (config key, type, help)
     "webhook-url": ("webhook_url", str, "POST alert events as JSON to this URL"),
     "state": ("state_path", str, "state file: exactly-once counts across restarts (see docs/sidecar.md)"),
     "reference": ("reference_path", str, "JSONL of reference samples (frozen reference window)"),
-    "max-samples": ("max_samples", int, "stop after this many valid samples (tests, benchmarks)"),
+    "max-samples": ("max_samples", int, "stop after this many valid samples, once their scoring is done (tests, benchmarks)"),
 }
 
 

@@ -825,7 +825,8 @@ class Service:
             os.replace(f"{self.cfg.state_path}.pending", self.cfg.state_path)
 
     def run(self) -> int:
-        """Loop until SIGTERM/SIGINT, end of a file source, or ``max_samples``; 0 on clean exit."""
+        """Loop until SIGTERM/SIGINT, end of a file source, or ``max_samples`` (both finish the workers' queues
+        first); 0 on clean exit."""
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
@@ -847,11 +848,10 @@ class Service:
                 if time.monotonic() - last >= self.cfg.commit_interval_s:
                     self.checkpoint()
                     last = time.monotonic()
-                if getattr(self.source, "eof", False):
-                    for w in self.workers.values():  # a file is worked through before the final checkpoint
+                done = self.cfg.max_samples and self.pipeline.counts["samples"] >= self.cfg.max_samples
+                if done or getattr(self.source, "eof", False):
+                    for w in self.workers.values():  # the read samples are worked through before the final checkpoint
                         w.drain(None, self.stopping)
-                    break
-                if self.cfg.max_samples and self.pipeline.counts["samples"] >= self.cfg.max_samples:
                     break
         finally:
             self.checkpoint()

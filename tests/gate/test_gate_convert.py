@@ -109,3 +109,38 @@ def test_bad_inputs_report_every_problem_and_write_nothing(tmp_path: Path, capsy
     assert "needs non-empty string(s) ['test', 'entry_point']" in capsys.readouterr().err
     assert gate_main(["convert", str(tmp_path / "missing.jsonl"), "--from", "jsonl", "-o", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_production_samples_become_the_gates_sampling_profiles(tmp_path: Path) -> None:
+    """`--from samples`: the T>0 profiles of the traffic, most requested first, rounding client noise,
+    leaving out greedy requests and those whose distribution the gate cannot rebuild; the policy file it
+    writes loads with the gate's own loader and keeps every other default."""
+    from vllm_lookahead.gate.policy import load_policy
+
+    def smp(**sampling):
+        return {"schema_version": "1.2", "sampling": sampling}
+
+    rows = ([smp(temperature=0.7, top_p=0.95)] * 6 + [smp(temperature=0.70000001, top_p=0.95, top_k=-1)] * 2
+            + [smp(temperature=1.0, top_k=40, seed=7)] * 3 + [smp(temperature=0.0)] * 5
+            + [smp(temperature=0.7, top_p=0.95, repetition_penalty=1.2)] * 4 + [smp(temperature=1.3)])
+    src = tmp_path / "samples.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "policy.yaml"
+    assert gate_main(["convert", str(src), "--from", "samples", "-o", str(out), "--min-share", "0.1"]) == 0
+    sampled = load_policy(out)["criteria"]["sampled"]
+    assert sampled["profiles"] == [{"temperature": 0.7, "top_p": 0.95},
+                                   {"temperature": 1.0, "top_k": 40, "seed": "per_request"}]  # T=1.3: 1 of 12 < 10%
+    assert sampled["samples_per_item"] == load_policy()["criteria"]["sampled"]["samples_per_item"]
+    assert "66.7% of T>0 samples" in out.read_text()
+
+
+def test_samples_without_t_above_zero_or_broken_lines_are_exit_2(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "greedy.jsonl"
+    src.write_text(json.dumps({"sampling": {"temperature": 0}}) + "\n")
+    out = tmp_path / "p.yaml"
+    assert gate_main(["convert", str(src), "--from", "samples", "-o", str(out)]) == 2
+    assert "no T>0 samples" in capsys.readouterr().err and not out.exists()
+    src.write_text(json.dumps({"sampling": {"temperature": 1}}) + "\n{broken\n" + json.dumps({"prompt": "x"}) + "\n")
+    assert gate_main(["convert", str(src), "--from", "samples", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "greedy.jsonl:2: not JSON" in err and "greedy.jsonl:3: not a sample" in err and not out.exists()

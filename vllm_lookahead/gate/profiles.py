@@ -105,3 +105,40 @@ def profile_of(profiles: list[SamplingProfile] | list[dict[str, Any]], sample: i
     """The profile sample ``sample`` of an item is drawn with (profiles cycle over the samples)."""
     p = profiles[sample % len(profiles)]
     return p if isinstance(p, SamplingProfile) else SamplingProfile(**p)
+
+
+def profile_key(sampling: dict[str, Any]) -> tuple[float, float, int, float, str] | None:
+    """The profile a production sample was drawn with (sample schema ``sampling``); None for greedy.
+
+    Temperatures are rounded to 0.01, top-p and min-p to 0.001 (clients send 0.7 and 0.70000001); a
+    top-k of -1 or 0 is off; a request that set its own seed counts as ``per_request``."""
+    t = sampling.get("temperature")
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
+        return None
+    top_k = sampling.get("top_k") or 0
+    return (round(float(t), 2), round(float(sampling.get("top_p") or 1.0), 3), max(0, int(top_k)),
+            round(float(sampling.get("min_p") or 0.0), 3),
+            "per_request" if sampling.get("seed") is not None else "engine")
+
+
+def profiles_from_samples(samplings: list[dict[str, Any]], max_profiles: int = 4,
+                          min_share: float = 0.02) -> tuple[list[SamplingProfile], list[float], int]:
+    """The T>0 sampling profiles of production traffic, most requested first.
+
+    ``samplings``: the ``sampling`` objects of production samples (the sidecar's sample schema).
+    Returns (profiles, each one's share of the T>0 samples, T>0 samples seen): at most
+    ``max_profiles``, each at least ``min_share`` of the T>0 traffic.  Samples that changed the
+    distribution in a way the gate does not reproduce (logit bias, repetition penalty) are left out,
+    as the sidecar's conformance leaves them out."""
+    counts: dict[tuple[float, float, int, float, str], int] = {}
+    for s in samplings:
+        if s.get("logits_modified") or s.get("repetition_penalty") not in (None, 1.0):
+            continue
+        key = profile_key(s)
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
+    total = sum(counts.values())
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    chosen = [(k, n) for k, n in ranked if n >= min_share * total][:max_profiles]
+    profiles = [SamplingProfile(temperature=t, top_p=p, top_k=k, min_p=m, seed=seed) for (t, p, k, m, seed), _ in chosen]
+    return profiles, [n / total for _, n in chosen], total
