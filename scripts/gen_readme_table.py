@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Generate the "current default vs none / ngram / suffix" table of README.md and benchmarks/results/README.md.
+
+Source: per prompt set, the newest JSON in ``benchmarks/results/`` (top level, not ``archive/``) that is
+one ``vllm-lookahead bench`` invocation comparing exactly ``none``, ``ngram:k=K``, ``suffix:k=K`` and the
+default ``lookahead:k=K`` (no config overrides in the SPEC) at batch sizes 1, 8 and 32, methods
+interleaved chunk by chunk (``--interleave chunks``), with at least 3 repeats.  "Newest" is the file's own
+``time`` field.  Record a new such run after a change of the default and this table follows it.
+
+Every figure printed is a value of that file (medians, minima and maxima over its repeats), so
+``tests/test_results_provenance.py`` can check it; the file is named on every row.
+
+    python scripts/gen_readme_table.py           # rewrite the marked blocks
+    python scripts/gen_readme_table.py --check   # exit 1 if a block differs from what would be written
+
+The blocks are delimited by ``<!-- table:begin -->`` and ``<!-- table:end -->`` (README.md: the short
+form; benchmarks/results/README.md: with the commands and code versions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+TARGETS = {ROOT / "README.md": False, RESULTS / "README.md": True}  # path -> detailed block
+BEGIN, END = "<!-- table:begin -->", "<!-- table:end -->"
+BATCHES = ("1", "8", "32")
+PROMPT_ORDER = ("open", "copy")
+
+
+def _spec_k(method: str, name: str) -> str | None:
+    m = re.fullmatch(rf"{name}:k=(\d+)", method)
+    return m.group(1) if m else None
+
+
+def qualifies(data: object) -> bool:
+    """One bench invocation of the default lookahead against none / ngram / suffix at the same k."""
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list) or "command" not in data:
+        return False
+    methods = [r.get("method") for r in data["results"] if isinstance(r, dict)]
+    if len(methods) != 4 or methods[0] != "none" or not all(isinstance(m, str) for m in methods):
+        return False
+    ks = {_spec_k(m, n) for m, n in zip(methods[1:], ("ngram", "suffix", "lookahead"), strict=True)}
+    if len(ks) != 1 or None in ks:
+        return False
+    if data.get("interleave") != "chunks" or (data.get("repeats") or 0) < 3:
+        return False
+    for r in data["results"]:
+        by = r.get("by_batch_size") or {}
+        if not all(b in by and "speedup_vs_none_median" in by[b] for b in BATCHES):
+            return False
+    return True
+
+
+def select(results: Path = RESULTS) -> dict[str, tuple[str, dict]]:
+    """Prompt set -> (file name, data) of the newest qualifying JSON."""
+    best: dict[str, tuple[str, str, dict]] = {}
+    for path in sorted(results.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not qualifies(data):
+            continue
+        key = str(data.get("prompts"))
+        stamp = str(data.get("time", ""))
+        if key not in best or stamp > best[key][0]:
+            best[key] = (stamp, path.name, data)
+    order = [p for p in PROMPT_ORDER if p in best] + sorted(p for p in best if p not in PROMPT_ORDER)
+    return {p: (best[p][1], best[p][2]) for p in order}
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def _row(prompts: str, name: str, rec: dict) -> str:
+    method = rec["method"]
+    by = rec["by_batch_size"]
+    if method == "none":
+        speed = " / ".join(f"{by[b]['tokens_per_s_median']:.0f}" for b in BATCHES) + " tokens/s"
+        exact = "(reference)"
+    else:
+        speed = " / ".join(f"{_x(by[b]['speedup_vs_none_median'])} [{_x(by[b]['speedup_vs_none_min'])}, "
+                           f"{_x(by[b]['speedup_vs_none_max'])}]" for b in BATCHES)
+        exact = " / ".join(f"{100 * by[b]['exact_vs_none']:.0f}%" for b in BATCHES)
+    comp = " / ".join(f"{by[b]['compression_median']:.2f}" for b in BATCHES)
+    shown = f"**{method}**" if method.startswith("lookahead") else method
+    return f"| {prompts} (`{name}`) | {shown} | {speed} | {comp} | {exact} |"
+
+
+def table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
+    lines = []
+    if not sources:
+        return "No qualifying result file in benchmarks/results/ (see scripts/gen_readme_table.py).\n"
+    lines += [
+        "| prompts (file) | method | tokens/s vs `none` of the same repeat, median [min, max]: batch 1 / 8 / 32 "
+        "| compression, tokens per target forward (median): batch 1 / 8 / 32 | outputs identical to `none` |",
+        "|---|---|---|---|---|",
+    ]
+    for prompts, (name, data) in sources.items():
+        for rec in data["results"]:
+            lines.append(_row(prompts, name, rec))
+    lines.append("")
+    for prompts, (name, data) in sources.items():
+        la = data["results"][3]["by_batch_size"]
+        best = [la[b].get("speedup_vs_best_baseline_median") for b in BATCHES]
+        reps = data.get("repeats")
+        line = (f"- {prompts} prompts (`{name}`): {data.get('n_prompts')} held-out prompts, at most "
+                f"{data.get('max_tokens')} tokens each, float32, {reps} repeats with the methods interleaved "
+                f"chunk by chunk")
+        if all(v is not None for v in best):
+            line += (f"; lookahead over the best baseline of the same repeat: "
+                     + " / ".join(_x(v) for v in best) + " at batch 1 / 8 / 32 (medians)")
+        lines.append(line + ".")
+        if detailed:
+            code = data.get("code") or {}
+            lines.append(f"  Taken {data.get('time')} on {(data.get('machine') or {}).get('cpu_count')} CPU cores, "
+                         f"code `{str(code.get('commit', '?'))[:7]}`{' (dirty)' if code.get('dirty') else ''}:")
+            lines.append(f"  `{data['command']}`")
+    return "\n".join(lines) + "\n"
+
+
+def render(text: str, block: str) -> str:
+    pat = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
+    if not pat.search(text):
+        raise SystemExit(f"markers {BEGIN} ... {END} not found")
+    return pat.sub(lambda _m: f"{BEGIN}\n{block}{END}", text, count=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if a marked block is out of date")
+    args = ap.parse_args(argv)
+    sources = select()
+    stale = []
+    for path, detailed in TARGETS.items():
+        text = path.read_text()
+        new = render(text, table(sources, detailed))
+        if new != text:
+            if args.check:
+                stale.append(str(path.relative_to(ROOT)))
+            else:
+                path.write_text(new)
+    if stale:
+        print("out of date (run python scripts/gen_readme_table.py): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    print("sources: " + ", ".join(f"{p}={n}" for p, (n, _d) in sources.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
