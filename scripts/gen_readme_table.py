@@ -115,7 +115,7 @@ def table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
                 f"{data.get('max_tokens')} tokens each, float32, {reps} repeats with the methods interleaved "
                 f"chunk by chunk")
         if all(v is not None for v in best):
-            line += (f"; lookahead over the best baseline of the same repeat: "
+            line += ("; lookahead over the best baseline of the same repeat: "
                      + " / ".join(_x(v) for v in best) + " at batch 1 / 8 / 32 (medians)")
         lines.append(line + ".")
         if detailed:
