@@ -62,7 +62,7 @@ class ConformanceConfig:
     # ~500 scored samples, and backpressure makes an overloaded baseline server slow the sidecar
     # down (visible as lag) rather than lose evidence.
     fraction: float = 1.0
-    top_logprobs: int = 20  # K; vLLM's default --max-logprobs is 20
+    top_logprobs: int = 20  # K (at least; a sample's larger top-k raises it): vLLM's default --max-logprobs is 20
     # Tokens between false alarms per (model, arm) chart: 1e9 = 1M samples of 1,000 tokens, 24M samples
     # of the demo model's ~41-token outputs.  The chart counts tokens because the token stream's PIT
     # values are i.i.d. U(0,1) whatever the output lengths (see PitCusum).
@@ -111,6 +111,13 @@ class LogprobClient:
     def __init__(self, url: str, model: str | None = None, top_logprobs: int = 20, timeout_s: float = 30.0,
                  api: str = "auto"):
         self.url, self.model, self.k, self.timeout_s, self.api = base_url(url), model, top_logprobs, timeout_s, api
+        self.server_max: int | None = None  # the server's --max-logprobs, once it has refused a larger K
+
+    def k_for(self, top_k: int) -> int:
+        """K to ask for: at least the sample's top-k (else a token ranked between K and top-k cannot be
+        proven impossible), at most what the server accepts."""
+        k = max(self.k, top_k)
+        return min(k, self.server_max) if self.server_max else k
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/completions; failures as ``WorkFailed`` (``rejected_token_ids`` when the server
@@ -131,30 +138,44 @@ class LogprobClient:
         except ValueError as e:
             raise WorkFailed("bad_response", f"{self.url} answered non-JSON: {r.text[:200]}", False) from e
 
-    def score(self, prompt_ids: list[int], output_ids: list[int], model: str | None = None
+    def score(self, prompt_ids: list[int], output_ids: list[int], model: str | None = None, top_k: int = 0
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(top_ids [n, K], top_logprobs [n, K], token_logprobs [n]) for the n = len(output_ids) outputs."""
+        """(top_ids [n, K], top_logprobs [n, K], token_logprobs [n]) for the n = len(output_ids) outputs;
+        K = ``k_for(top_k)``.  A server that refuses that K (vLLM: 400 "... greater than max allowed: 20")
+        is asked again with its maximum, which is remembered."""
+        k = self.k_for(top_k)
+        try:
+            return self._score(prompt_ids, output_ids, model, k)
+        except Exception as e:  # WorkFailed here; the gate's endpoint client raises its own errors
+            m = re.search(r"logprobs.{0,80}max(?:imum)? allowed:?\s*(\d+)", str(e), re.I)
+            if not m or k <= self.k or int(m.group(1)) >= k:
+                raise
+            self.server_max = max(self.k, int(m.group(1)))
+            return self._score(prompt_ids, output_ids, model, self.server_max)
+
+    def _score(self, prompt_ids: list[int], output_ids: list[int], model: str | None, k: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         seq = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
         n = len(output_ids)
         if self.api in ("auto", "prompt_logprobs"):
             body = {"model": model or self.model, "prompt": seq, "max_tokens": 1, "temperature": 0.0,
-                    "prompt_logprobs": self.k}
+                    "prompt_logprobs": k}
             choice = self._post(body)["choices"][0]
             plp = choice.get("prompt_logprobs")
             if plp is not None:
-                return self._from_prompt_logprobs(plp[-n:], output_ids)
+                return self._from_prompt_logprobs(plp[-n:], output_ids, k)
             if self.api == "prompt_logprobs":
                 raise WorkFailed("bad_response", "baseline server ignored prompt_logprobs (not vLLM?): use api=echo", False)
         body = {"model": model or self.model, "prompt": seq, "max_tokens": 1, "temperature": 0.0, "echo": True,
-                "logprobs": self.k, "return_tokens_as_token_ids": True}
+                "logprobs": k, "return_tokens_as_token_ids": True}
         lp = self._post(body)["choices"][0].get("logprobs") or {}
         tops, toks = lp.get("top_logprobs"), lp.get("token_logprobs")
         if not tops or toks is None or len(toks) < len(seq):
             raise WorkFailed("bad_response", "baseline server returned no echo log-probs for the prompt", False)
-        return self._from_echo(tops[len(seq) - n:len(seq)], toks[len(seq) - n:len(seq)], output_ids)
+        return self._from_echo(tops[len(seq) - n:len(seq)], toks[len(seq) - n:len(seq)], output_ids, k)
 
-    def _from_prompt_logprobs(self, rows: list[dict[str, Any]], output_ids: list[int]):
-        k = self.k
+    @staticmethod
+    def _from_prompt_logprobs(rows: list[dict[str, Any]], output_ids: list[int], k: int):
         ids = np.full((len(rows), k), -1, np.int64)
         lps = np.full((len(rows), k), -np.inf)
         tok = np.empty(len(rows))
@@ -171,8 +192,8 @@ class LogprobClient:
             tok[i] = entry["logprob"]
         return ids, lps, tok
 
-    def _from_echo(self, tops: list[dict[str, float] | None], toks: list[float | None], output_ids: list[int]):
-        k = self.k
+    @staticmethod
+    def _from_echo(tops: list[dict[str, float] | None], toks: list[float | None], output_ids: list[int], k: int):
         ids = np.full((len(tops), k), -1, np.int64)
         lps = np.full((len(tops), k), -np.inf)
         tok = np.empty(len(tops))
@@ -227,7 +248,7 @@ def score_sample(client: LogprobClient, sample: dict[str, Any], params: SamplerP
     out = sample["output"]["token_ids"]
     sc = out_of_vocab_score(out, cfg.vocab_size) if cfg.vocab_size else None
     if sc is None:
-        ids, lps, tok = client.score(sample["prompt_token_ids"], out, model=sample.get("model"))
+        ids, lps, tok = client.score(sample["prompt_token_ids"], out, model=sample.get("model"), top_k=params.top_k)
         sc = score_topk(ids, lps, out, tok, params, rng, vocab_size=cfg.vocab_size, tolerance=cfg.oos_tolerance_nats)
     return sc
 

@@ -245,3 +245,28 @@ def test_repeated_samples_alarm_on_a_reused_stream_only(reuse: bool, n_tokens: i
     else:
         assert arms["baseline"]["repeats"] > 20 and arms["candidate"]["repeats"] > 20  # natural repeats
         assert not ev, ev
+
+
+@pytest.mark.parametrize("server_max", [64, 20])
+def test_a_top_k_above_k_is_checked_as_far_as_the_server_allows(toy: ToyServer, server_max: int) -> None:
+    """Traffic with top-k 40 and the default K = 20: the scorer asks for K = 40 so a token ranked 21-40
+    (allowed) and one ranked past 40 (impossible) can be told apart.  A server whose --max-logprobs is
+    lower refuses (vLLM's 400); the scorer then asks for its maximum, remembers it, and top-k faults
+    past it stay unprovable (as documented), while exact samples still score."""
+    from quality_sidecar.conformance import ConformanceConfig, LogprobClient, score_sample
+
+    toy.max_logprobs = server_max
+    params = SamplerParams(1.0, top_k=40)
+    rng = np.random.default_rng(4)
+    client, cfg = LogprobClient(toy.url, top_logprobs=20), ConformanceConfig(vocab_size=V)
+    found = {"exact": 0, "faulty": 0}
+    for i in range(120):
+        arm = "faulty" if i % 2 else "exact"
+        s = sample(rng, params, arm=arm, ignore_truncation_every=2 if arm == "faulty" else 0)
+        sc = score_sample(client, s, params, cfg, rng)
+        found[arm] += sc.oos_reasons.get("top_k", 0)
+    assert found["exact"] == 0
+    if server_max >= 40:
+        assert found["faulty"] > 0 and set(toy.asked_k) == {40}
+    else:
+        assert found["faulty"] == 0 and toy.asked_k[:3] == [40, 20, 20] and client.server_max == 20

@@ -62,11 +62,13 @@ class ToyServer:
     """``POST /v1/completions`` with ``prompt_logprobs`` (vLLM's format) for the toy model.
 
     Fault injection (class-level, set by the test): ``delay_s`` per request, ``fail_first`` (the
-    first try of every sequence answers 503), ``down`` (every request answers 503).
+    first try of every sequence answers 503), ``down`` (every request answers 503); ``max_logprobs``
+    refuses a larger K with vLLM 0.32's 400 message (``--max-logprobs``, default 20).
     """
 
     def __init__(self) -> None:
-        self.delay_s, self.fail_first, self.down = 0.0, False, False
+        self.delay_s, self.fail_first, self.down, self.max_logprobs = 0.0, False, False, 20
+        self.asked_k: list[int] = []
         self.requests = 0
         self.tried: set[tuple[int, ...]] = set()
         outer = self
@@ -85,6 +87,11 @@ class ToyServer:
                     self._send(400, {"error": {"message": f"Token id {max(seq)} is out of vocabulary"}})
                     return
                 k = int(body["prompt_logprobs"])
+                outer.asked_k.append(k)
+                if k > outer.max_logprobs:
+                    self._send(400, {"error": {"message": f"Requested prompt logprobs of {k}, which is greater "
+                                                          f"than max allowed: {outer.max_logprobs}"}})
+                    return
                 plp: list[Any] = [None]
                 for j in range(1, len(seq)):
                     r = row(seq[j - 1])

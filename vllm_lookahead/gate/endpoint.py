@@ -316,11 +316,11 @@ class HttpScorer:
             t0 = time.perf_counter()
             rng = np.random.default_rng([self.seed, zlib.crc32(run.name.encode())])
 
-            def fetch(r: RequestRecord) -> Any:
+            def fetch(r: RequestRecord, sampling: list[dict[str, Any]] = run.sampling) -> Any:
                 if not r.token_ids:
                     return None
                 try:
-                    return lp.score(r.prompt_token_ids, r.token_ids)
+                    return lp.score(r.prompt_token_ids, r.token_ids, top_k=profile_of(sampling, r.sample).top_k)
                 except (RuntimeError, WorkFailed) as e:
                     if isinstance(e, EndpointError):
                         raise
