@@ -79,6 +79,11 @@ def _x(v: float) -> str:
     return f"{v:.2f}x"
 
 
+def _pct(v: float) -> str:
+    """100% only when every output is identical (0.996 must not print as 100%)."""
+    return "100%" if v == 1.0 else f"{100 * v:.1f}%"
+
+
 def _row(prompts: str, name: str, rec: dict) -> str:
     method = rec["method"]
     by = rec["by_batch_size"]
@@ -88,7 +93,7 @@ def _row(prompts: str, name: str, rec: dict) -> str:
     else:
         speed = " / ".join(f"{_x(by[b]['speedup_vs_none_median'])} [{_x(by[b]['speedup_vs_none_min'])}, "
                            f"{_x(by[b]['speedup_vs_none_max'])}]" for b in BATCHES)
-        exact = " / ".join(f"{100 * by[b]['exact_vs_none']:.0f}%" for b in BATCHES)
+        exact = " / ".join(_pct(by[b]["exact_vs_none"]) for b in BATCHES)
     comp = " / ".join(f"{by[b]['compression_median']:.2f}" for b in BATCHES)
     shown = f"**{method}**" if method.startswith("lookahead") else method
     return f"| {prompts} (`{name}`) | {shown} | {speed} | {comp} | {exact} |"
@@ -109,14 +114,16 @@ def table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
     lines.append("")
     for prompts, (name, data) in sources.items():
         la = data["results"][3]["by_batch_size"]
-        best = [la[b].get("speedup_vs_best_baseline_median") for b in BATCHES]
+        best = [tuple(la[b].get(f"speedup_vs_best_baseline_{s}") for s in ("median", "min", "max"))
+                for b in BATCHES]
         reps = data.get("repeats")
         line = (f"- {prompts} prompts (`{name}`): {data.get('n_prompts')} held-out prompts, at most "
                 f"{data.get('max_tokens')} tokens each, float32, {reps} repeats with the methods interleaved "
                 f"chunk by chunk")
-        if all(v is not None for v in best):
-            line += ("; lookahead over the best baseline of the same repeat: "
-                     + " / ".join(_x(v) for v in best) + " at batch 1 / 8 / 32 (medians)")
+        if all(v is not None for trio in best for v in trio):
+            line += ("; lookahead's tokens/s over the best baseline's of the same repeat, median [min, max]: "
+                     + " / ".join(f"{_x(m)} [{_x(lo)}, {_x(hi)}]" for m, lo, hi in best)
+                     + " at batch 1 / 8 / 32")
         lines.append(line + ".")
         if detailed:
             code = data.get("code") or {}
