@@ -27,6 +27,10 @@ The rule, per markdown file:
   one measured run plus its baseline or reference.  This is what catches a row stitched from two
   runs.  Rows of goals tables (a ``status`` column) summarise many runs and are checked like prose.
 
+Checked files: README.md and benchmarks/results/README.md (``CHECKED``).  benchmarks/results/HISTORY.md and
+benchmarks/results/archive/ are history and are not checked; file names resolve against
+benchmarks/results/ only, so a checked file that cites an archived file fails.
+
 Known limits: a figure can match an unrelated value by coincidence (JSONs hold thousands of
 numbers), so passing is necessary, not sufficient; the one-run rule for rows is the strict part.
 """
