@@ -29,7 +29,7 @@ The rule, per markdown file:
 
 Checked files: README.md and benchmarks/results/README.md (``CHECKED``).  benchmarks/results/HISTORY.md and
 benchmarks/results/archive/ are history and are not checked; file names resolve against
-benchmarks/results/ only, so a checked file that cites an archived file fails.
+benchmarks/results/ only, so a figure quoted from an archived file has no source and fails.
 
 Known limits: a figure can match an unrelated value by coincidence (JSONs hold thousands of
 numbers), so passing is necessary, not sufficient; the one-run rule for rows is the strict part.
