@@ -230,6 +230,25 @@ def scorable(sample: dict[str, Any]) -> SamplerParams | str | None:
     return params
 
 
+def draft_positions(sample: dict[str, Any]) -> np.ndarray | None:
+    """Per output token, its draft position from the sample's ``spec.draft_mask`` (schema 1.3): 0 for
+    a token of a step without a draft, j for the j-th token a verification step committed (accepted
+    drafts ``A``, then the recovered ``R`` or bonus ``B`` token).  None without a usable mask."""
+    mask = (sample.get("spec") or {}).get("draft_mask")
+    n = len((sample.get("output") or {}).get("token_ids") or [])
+    if not mask or len(mask) != n:
+        return None
+    out = np.zeros(n, np.int64)
+    run = 0
+    for i, c in enumerate(mask):
+        if c == ".":
+            run = 0
+            continue
+        out[i] = run + 1
+        run = run + 1 if c == "A" else 0
+    return out
+
+
 def out_of_vocab_score(token_ids: list[int], vocab_size: int) -> SequenceScore | None:
     """A sample holding token ids outside the vocabulary, judged without asking the server (which
     would refuse it): those tokens are impossible, the others unscored.  None when all ids are valid."""
@@ -315,8 +334,10 @@ class ConformanceMonitor:
             del ex[:-5]
         return self.impossible.add(arm, n_tokens, reasons)
 
-    def add(self, arm: str, score: SequenceScore, trace_id: str | None, request_id: str):
-        """Feed one scored sample; returns (the PIT/excess chart's Result, the impossible-token Result)."""
+    def add(self, arm: str, score: SequenceScore, trace_id: str | None, request_id: str,
+            positions: np.ndarray | None = None):
+        """Feed one scored sample (with its per-token draft positions, ``draft_positions``, if known);
+        returns (the PIT/excess chart's Result, the impossible-token Result)."""
         ri = self.add_impossible(arm, score.n_tokens, score.oos_reasons, trace_id, request_id)
         chart = self._chart(arm)
         st = self.stats[arm]
@@ -332,7 +353,7 @@ class ConformanceMonitor:
         ex = self.examples.setdefault(arm, [])
         ex.append((trace_id, request_id))
         del ex[:-5]
-        r = chart.update([score])
+        r = chart.update([score], [positions])
         r.extra.update(self.summary(arm))
         return r, ri
 

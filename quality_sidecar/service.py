@@ -32,7 +32,7 @@ from typing import Any
 
 from .classifiers import classify_batch, default_classifiers
 from .classifiers.format import FormatClassifier
-from .conformance import ConformanceConfig, ConformanceMonitor
+from .conformance import ConformanceConfig, ConformanceMonitor, draft_positions
 from .detectors.base import to_jsonable
 from .detectors.embedders import make_embedder
 from .detectors.repeats import RepeatChart, repeat_keys
@@ -302,7 +302,7 @@ class Pipeline:
         with self._lock:
             self.pending.pop(sample["request_id"], None)
             mon = self._conformance(model)
-            r, ri = mon.add(arm, score, sample.get("trace_id"), sample["request_id"])
+            r, ri = mon.add(arm, score, sample.get("trace_id"), sample["request_id"], draft_positions(sample))
             self.metrics.conformance_scored.labels(model, arm).inc()
             self.metrics.conformance_tokens.labels(model, arm).inc(score.n_tokens)
             for reason, n in score.oos_reasons.items():

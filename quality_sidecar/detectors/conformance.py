@@ -128,6 +128,12 @@ class SequenceScore:
     excess: np.ndarray = field(default_factory=lambda: np.zeros(0))
     excess_var: np.ndarray = field(default_factory=lambda: np.zeros(0))
     oos_reasons: dict[str, int] = field(default_factory=dict)  # IMPOSSIBLE_REASONS -> tokens
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # token index of each pit/excess entry
+
+    def excess_where(self, token_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(excess, excess_var) of the scored tokens selected by a per-token boolean mask."""
+        sel = np.asarray(token_mask, bool)[self.kept] if len(self.kept) else np.zeros(0, bool)
+        return self.excess[sel], self.excess_var[sel]
 
     @property
     def n_tokens(self) -> int:
@@ -282,7 +288,7 @@ def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequenc
     l_y = np.where(in_known, lp[rows, pos], l_tail)
     excess = (l_y - mean_l)[ok]
     return SequenceScore(tok_lp, np.clip(u[ok], 0.0, 1.0), oos, int(n - ok.sum() - oos),
-                         excess=excess, excess_var=var_l[ok], oos_reasons=reasons)
+                         excess=excess, excess_var=var_l[ok], oos_reasons=reasons, kept=np.flatnonzero(ok))
 
 
 
@@ -729,40 +735,55 @@ class ExcessCusum(PitCusum):
 
 
 class ConformanceChart:
-    """The sidecar's T>0 chart for one (model, arm): the PIT chart and the excess chart, alarm if either.
+    """The sidecar's T>0 chart for one (model, arm): the PIT chart and the excess chart, alarm if either,
+    plus the excess chart of late draft positions.
 
     Each of the four one-sided charts gets a quarter of the false-alarm budget (union bound), so the
     pair keeps ``ert_tokens`` between false alarms; the cost is a ~5% higher threshold than one chart
     alone.  Exposes the attributes the service reads (``s_up_``/``s_down_``/``threshold_``/``alarm_``/
     ``alarm_index_``/``n_``) as the pair's.
+
+    ``late``: an ``ExcessCusum`` of the tokens at draft position >= 2 only (samples that carry the
+    producer's ``spec.draft_mask``).  A verifier that goes wrong only deep in a draft dilutes its excess
+    over every token; here it is undiluted.  Valid under the null because a token's draft position is
+    fixed before the token is drawn (the drafts and the acceptance of the positions before it), so the
+    selected excess scores keep conditional mean 0.  Its own ``ert_tokens`` budget, counted in its own
+    (fewer) tokens: the three together stay under 2 false alarms per ``ert_tokens`` tokens.
     """
+
+    LATE_POSITION = 2
 
     def __init__(self, name: str = "sampling_conformance", ert_tokens: float = 1e9, shift: float = 0.04,
                  restart_after_alarm: bool = False):
         self.name = name
         self.pit = PitCusum(name, 2 * ert_tokens, shift, restart_after_alarm)
         self.excess = ExcessCusum(name, 2 * ert_tokens, shift, restart_after_alarm)
+        self.late = ExcessCusum(name, ert_tokens, shift, restart_after_alarm)
         self.threshold_ = self.pit.threshold_
 
     @property
+    def _charts(self) -> tuple[PitCusum, ...]:
+        return (self.pit, self.excess, self.late)
+
+    @property
     def s_up_(self) -> float:
-        return max(self.pit.s_up_, self.excess.s_up_)
+        return max(c.s_up_ for c in self._charts)
 
     @property
     def s_down_(self) -> float:
-        return max(self.pit.s_down_, self.excess.s_down_)
+        return max(c.s_down_ for c in self._charts)
 
     @property
     def alarm_(self) -> bool:
-        return self.pit.alarm_ or self.excess.alarm_
+        return any(c.alarm_ for c in self._charts)
 
     @property
     def alarms_(self) -> int:
-        return self.pit.alarms_ + self.excess.alarms_
+        return sum(c.alarms_ for c in self._charts)
 
     @property
     def alarm_index_(self) -> int | None:
-        idx = [i for i in (self.pit.alarm_index_, self.excess.alarm_index_) if i is not None]
+        idx = [c.alarm_index_ for c in self._charts if c.alarm_index_ is not None]
         return min(idx) if idx else None
 
     @property
@@ -774,35 +795,44 @@ class ConformanceChart:
         return self.pit.mean_u
 
     def reset(self) -> None:
-        self.pit.reset()
-        self.excess.reset()
+        for c in self._charts:
+            c.reset()
 
     def get_state(self) -> dict[str, Any]:
-        return {"pit": self.pit.get_state(), "excess": self.excess.get_state()}
+        return {"pit": self.pit.get_state(), "excess": self.excess.get_state(), "late": self.late.get_state()}
 
     def set_state(self, st: Mapping[str, Any]) -> None:
         if "pit" in st or "excess" in st:
             self.pit.set_state(st.get("pit") or {})
             self.excess.set_state(st.get("excess") or {})
+            self.late.set_state(st.get("late") or {})
         else:  # state persisted before the excess chart existed: a PIT chart's flat state
             self.pit.set_state(st)
 
-    def update(self, scores: Sequence[SequenceScore]):
-        """Feed a batch of scored samples, in arrival order; returns the pair's Result."""
+    def update(self, scores: Sequence[SequenceScore], positions: Sequence[np.ndarray | None] | None = None):
+        """Feed a batch of scored samples, in arrival order, with each one's per-token draft positions
+        (``None`` for a sample without a draft mask); returns the charts' Result."""
         was = self.alarm_
         rp = self.pit.update([sc.pit for sc in scores])
         rx = self.excess.update([(sc.excess, sc.excess_var) for sc in scores])
-        r = min((x for x in (rp, rx) if x.alarm_index is not None), key=lambda x: x.alarm_index, default=rp)
-        r.alarm = rp.alarm or rx.alarm
-        r.alarm_new = (rp.alarm_new or rx.alarm_new) and not was
-        r.statistic = max(rp.statistic, rx.statistic)
+        late = [sc.excess_where(pos >= self.LATE_POSITION) for sc, pos in zip(scores, positions or [None] * len(scores))
+                if pos is not None and len(pos) == sc.n_tokens]
+        rl = self.late.update(late)
+        named = {"pit": rp, "excess": rx, "late_draft_positions": rl}
+        charts = {"pit": self.pit, "excess": self.excess, "late_draft_positions": self.late}
+        first = min((k for k, x in named.items() if x.alarm_index is not None), key=lambda k: named[k].alarm_index,
+                    default="pit")
+        r = named[first]
+        r.alarm = any(x.alarm for x in named.values())
+        r.alarm_new = any(x.alarm_new for x in named.values()) and not was
+        r.statistic = max(x.statistic for x in named.values())
         r.alarm_index = self.alarm_index_
         r.extra = {"alarms": self.alarms_, "tokens": self.pit.tokens_, "mean_u": self.pit.mean_u,
                    "mean_excess_nats_per_token": self.excess.mean_excess,
-                   "direction": (self.pit.direction_ if r is rp else self.excess.direction_),
-                   "chart": "pit" if r is rp else "excess",
-                   "pit": {"statistic": rp.statistic, "alarm": rp.alarm},
-                   "excess": {"statistic": rx.statistic, "alarm": rx.alarm}}
+                   "late_draft_tokens": self.late.tokens_,
+                   "late_draft_mean_excess_nats_per_token": self.late.mean_excess,
+                   "direction": charts[first].direction_, "chart": first,
+                   **{k: {"statistic": x.statistic, "alarm": x.alarm} for k, x in named.items()}}
         return r
 
 

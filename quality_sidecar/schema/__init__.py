@@ -12,7 +12,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-SCHEMA_VERSION = "1.2"  # 1.1: optional output.stop_reason, output.index, vllm_request_id; 1.2: sampling.min_tokens
+SCHEMA_VERSION = "1.3"  # 1.1: optional output.stop_reason, output.index, vllm_request_id; 1.2: sampling.min_tokens;
+# 1.3: spec.draft_mask
 SCHEMA_FILE = "sample.v1.schema.json"
 
 

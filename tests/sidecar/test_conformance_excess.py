@@ -194,3 +194,68 @@ def test_exact_sampling_raises_no_alarm_on_either_chart() -> None:
     chart = ConformanceChart(ert_tokens=1e9, shift=0.04)
     r = chart.update(_scored_stream(rng, 3000))
     assert not r.alarm and chart.alarms_ == 0
+
+
+def _masked_stream(rng: np.random.Generator, n_samples: int, late_factor: float = 1.0, tokens: int = 48):
+    """Samples with a draft mask (random verification steps: 30% without a draft, else a geometric
+    number of accepted drafts, at most 4, then a recovered or bonus token: acceptance as at T>0, where
+    few tokens sit deep in a draft); tokens at draft position >= 2 are drawn at temperature
+    ``late_factor``, the others exactly.  Returns (scores, per-token draft positions, masks)."""
+    from quality_sidecar.conformance import draft_positions
+
+    pool = _rows(rng, 6000)
+    ids, lps = _topk(pool, 20)
+    q_exact, q_late = sampler_probs(pool, SamplerParams(1.0)), sampler_probs(pool, SamplerParams(late_factor))
+    scores, positions, masks = [], [], []
+    for _ in range(n_samples):
+        mask = ""
+        while len(mask) < tokens:
+            a = min(4, int(rng.geometric(0.7)) - 1)
+            mask += "." if rng.random() < 0.3 else "A" * a + ("B" if a == 4 else "R")
+        mask = mask[:tokens]
+        pos = draft_positions({"spec": {"draft_mask": mask}, "output": {"token_ids": [0] * tokens}})
+        idx = rng.integers(0, len(pool), size=tokens)
+        y = np.where(pos >= 2, _draw(rng, q_late[idx]), _draw(rng, q_exact[idx]))
+        scores.append(score_topk(ids[idx], lps[idx], y, pool[idx, y], SamplerParams(1.0), rng, vocab_size=V))
+        positions.append(pos)
+        masks.append(mask)
+    return scores, positions, masks
+
+
+def test_draft_positions_from_the_mask() -> None:
+    from quality_sidecar.conformance import draft_positions
+
+    smp = {"spec": {"draft_mask": ".AARAAB.R"}, "output": {"token_ids": list(range(9))}}
+    assert draft_positions(smp).tolist() == [0, 1, 2, 3, 1, 2, 3, 0, 1]
+    assert draft_positions({"spec": {"draft_mask": ".A"}, "output": {"token_ids": [1, 2, 3]}}) is None
+    assert draft_positions({"spec": None, "output": {"token_ids": [1]}}) is None
+
+
+def test_a_fault_at_late_draft_positions_alarms_on_its_own_chart_first() -> None:
+    """Sharper sampling (x0.8) at draft positions >= 2 only (~22% of the tokens): diluted over every
+    token the excess chart needs more samples than the chart of late positions, which alarms first and
+    says so (measured: 126 vs 152 samples here; the gain grows as the late share shrinks)."""
+    rng = np.random.default_rng(15)
+    scores, positions, _ = _masked_stream(rng, 2000, late_factor=0.8)
+    with_mask, without = ConformanceChart(ert_tokens=1e9, shift=0.04), ConformanceChart(ert_tokens=1e9, shift=0.04)
+    first = {}
+    for i, (sc, pos) in enumerate(zip(scores, positions)):
+        for name, chart, p in (("mask", with_mask, [pos]), ("none", without, None)):
+            r = chart.update([sc], p)
+            if r.alarm_new:
+                first.setdefault(name, (i, r.extra["chart"]))
+    assert first["mask"][1] == "late_draft_positions", first
+    assert first["mask"][0] < 0.9 * first.get("none", (len(scores), ""))[0], first
+    assert with_mask.late.mean_excess > 0.05 and "sharper" in with_mask.late.direction_
+    twin = ConformanceChart(ert_tokens=1e9, shift=0.04)
+    twin.set_state(with_mask.get_state())
+    assert twin.late.alarm_ and twin.late.v_n_ == with_mask.late.v_n_
+
+
+def test_exact_sampling_with_draft_masks_raises_no_alarm() -> None:
+    rng = np.random.default_rng(17)
+    scores, positions, _ = _masked_stream(rng, 3000)
+    chart = ConformanceChart(ert_tokens=1e9, shift=0.04)
+    r = chart.update(scores, positions)
+    assert not r.alarm and chart.alarms_ == 0 and chart.late.tokens_ > 30_000
+    assert abs(chart.late.sum_x_) / math.sqrt(chart.late.tokens_) < 4  # the selected scores stay mean 0

@@ -33,3 +33,13 @@ def sampler_counts(metrics: dict[str, float]) -> dict[str, float]:
             "sent": metrics.get("vllm_lookahead_sampler_sent_total", 0.0),
             "failed": metrics.get("vllm_lookahead_sampler_failed_total", 0.0),
             "dropped": dropped}
+
+
+def check_draft_mask(mask: str | None, num_tokens: int, spec: dict) -> None:
+    """The mask covers the output, starts with the prefill's token, and agrees with vLLM's own counters
+    (the last step may be cut by a stop: one step end and up to k accepted tokens fewer)."""
+    assert mask is not None and len(mask) == num_tokens and mask[0] == ".", (mask, spec)
+    ends = mask.count("R") + mask.count("B")
+    assert spec["num_spec_steps"] - 1 <= ends <= spec["num_spec_steps"], (mask, spec)
+    accepted = spec["num_accepted_draft_tokens"]
+    assert accepted - spec["num_spec_tokens"] <= mask.count("A") <= accepted, (mask, spec)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from telemetry_support import check_draft_mask
 
 from quality_sidecar.schema import validate_sample
 from vllm_lookahead.devtools.jaeger import span_tags
@@ -55,6 +56,8 @@ def test_llm_offline_samples_and_spans(otlp_receiver, demo_model, tmp_path):
         assert sample["decoder"]["method"] == "ngram"
         # vLLM has no spec counters for a request that stopped before any verification step
         assert (sample["spec"] or {}).get("num_draft_tokens") == (o["spec"] or {}).get("num_draft_tokens"), o
+        if sample["spec"]:  # which tokens were drafted: one character per output token, steps in order
+            check_draft_mask(sample["spec"]["draft_mask"], sample["output"]["num_tokens"], o["spec"])
         assert sample["trace_id"] == result["trace_id"]
         assert sample["time"]["ttft_s"] is not None  # first-token time tracked without vLLM stats
     assert result["stats"]["sent"] == len(outputs) and result["stats"]["sampled"] == len(outputs)
@@ -125,3 +128,4 @@ def test_two_offline_jobs_on_one_topic_are_both_counted_by_the_sidecar(kafka_bro
     assert svc.pipeline.seen.keys() == expected
     arms = {arm for (_model, arm) in svc.pipeline.streams}
     assert arms == {"baseline", "candidate"}
+

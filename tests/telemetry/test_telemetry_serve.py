@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from telemetry_support import VllmServer, sampler_counts
+from telemetry_support import VllmServer, check_draft_mask, sampler_counts
 
 from quality_sidecar.schema import validate_sample
 from vllm_lookahead.devtools.jaeger import span_tags
@@ -115,6 +115,7 @@ def test_traceparent_span_in_otlp_backend_and_sample_in_kafka(stack, otlp_receiv
     assert sample["deployment"]["arm"] == "candidate"
     assert sample["deployment"]["release"] == "test-release"
     assert sample["spec"]["num_draft_tokens"] == spec["num_draft_tokens"]
+    check_draft_mask(sample["spec"]["draft_mask"], sample["output"]["num_tokens"], spec)  # EngineCore patched
     assert sample["decoder"] == {"method": "ngram", "params": {"k": 3, "prompt_lookup_min": 1,
                                                                "prompt_lookup_max": 3},
                                  "plugin_version": sample["decoder"]["plugin_version"],

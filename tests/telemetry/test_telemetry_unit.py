@@ -94,7 +94,7 @@ def test_schema_1_1_fields_and_1_0_samples_stay_valid():
     req = make_request("llm-00ff-3#1", stop_reason="\n", engine_request_id="3#1", choice_index=1)
     s = build_sample(req, arm="baseline", release=None, instance=None, redact_prompts=False)
     validate_sample(s)
-    assert s["schema_version"] == "1.2" and s["vllm_request_id"] == "3#1"
+    assert s["schema_version"] == "1.3" and s["vllm_request_id"] == "3#1"
     assert s["output"]["stop_reason"] == "\n" and s["output"]["index"] == 1
     assert req.decision_id == "3#1"
     s = build_sample(make_request(stop_reason=2), arm="baseline", release=None, instance=None,
@@ -123,6 +123,53 @@ def test_spec_summary_matches_vllm_definitions():
     assert s["mean_accepted_length"] == pytest.approx(1 + 7 / 4)
     assert spec_summary(None) is None
     assert spec_summary(Spec([0, 0], 0))["acceptance_rate"] is None
+
+
+def test_draft_mask_lays_the_step_lists_over_the_output_tokens():
+    """Steps (drafted, accepted): the prefill (0, 0) -> '.', a step accepting 2 of 3 -> 'AAR', a step
+    accepting all 2 -> 'AAB', a step without a draft -> '.'; a stop inside the last step cuts the mask.
+    Without the steps that had no draft (patch absent, or level summary) there is no mask, not a wrong one."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.telemetry.record import draft_mask
+
+    spec = SimpleNamespace(histogram=[0, 0, 2], num_draft_tokens=5, per_step_drafted=[0, 3, 2, 0],
+                           per_step_accepted=[0, 2, 2, 0])
+    assert draft_mask(spec, 8) == ".AARAAB."
+    assert draft_mask(spec, 6) == ".AARAA"
+    assert draft_mask(spec, 9) is None  # more tokens than the steps committed: a step is missing
+    assert draft_mask(SimpleNamespace(per_step_drafted=[3, 2], per_step_accepted=[2, 2]), 6) is None
+    assert draft_mask(SimpleNamespace(histogram=[1]), 3) is None
+    s = spec_summary(spec, 8)
+    assert s["draft_mask"] == ".AARAAB." and s["num_drafts"] == 2
+    sample = build_sample(make_request(), arm="candidate", release=None, instance=None, redact_prompts=False)
+    sample["spec"] = s
+    validate_sample(sample)
+
+
+def test_steps_without_drafts_are_recorded_in_step_order():
+    """The engine patch's logic on vLLM-shaped objects (duck-typed: a real scheduler cannot be driven
+    step by step outside an engine; tests/telemetry/test_telemetry_vllm.py checks it in a real one)."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.vllm.spec_steps import record_steps_without_drafts
+
+    def req(finished=False, stale=0):
+        m = SimpleNamespace(per_step_drafted=[], per_step_accepted=[])
+        return SimpleNamespace(spec_decode_metrics=m, is_finished=lambda: finished, num_stale_output_tokens=stale)
+
+    reqs = {"plain": req(), "drafted": req(), "chunk": req(), "done": req(finished=True), "stale": req(stale=1),
+            "no_metrics": SimpleNamespace(spec_decode_metrics=None)}
+    sched = SimpleNamespace(requests=reqs, spec_decode_metrics_level="detailed")
+    so = SimpleNamespace(num_scheduled_tokens={k: 1 for k in [*reqs, "gone"]},
+                         scheduled_spec_decode_tokens={"drafted": [5, 6]})
+    out = SimpleNamespace(req_id_to_index={k: i for i, k in enumerate([*reqs, "gone"])},
+                          sampled_token_ids=[[1], [1, 2], [], [1], [1], [1], [1]])
+    assert record_steps_without_drafts(sched, so, out) == 1
+    assert reqs["plain"].spec_decode_metrics.per_step_drafted == [0]
+    assert all(not reqs[k].spec_decode_metrics.per_step_drafted for k in ("drafted", "chunk", "done", "stale"))
+    out.sampled_token_ids = []
+    assert record_steps_without_drafts(sched, so, out) == 0
 
 
 def test_invalid_sample_is_dropped_and_counted(tmp_path):

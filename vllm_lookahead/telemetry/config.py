@@ -136,7 +136,7 @@ class TelemetryConfig:
     queue_size: int = 1024
     kafka_auth: KafkaAuth = field(default_factory=KafkaAuth)
     kafka_compression: str | None = "gzip"
-    spec_metrics: str = "summary"
+    spec_metrics: str = "detailed"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> TelemetryConfig:
@@ -153,7 +153,7 @@ class TelemetryConfig:
         if compression not in ("gzip", "none", "lz4", "snappy", "zstd"):
             raise ValueError(f"VLLM_LOOKAHEAD_KAFKA_COMPRESSION={compression!r}: expected gzip, lz4, "
                              "snappy, zstd or none")
-        spec_metrics = env.get("VLLM_LOOKAHEAD_SPEC_METRICS", "summary").strip().lower()
+        spec_metrics = env.get("VLLM_LOOKAHEAD_SPEC_METRICS", "detailed").strip().lower()
         if spec_metrics not in ("none", "summary", "detailed"):
             raise ValueError(f"VLLM_LOOKAHEAD_SPEC_METRICS={spec_metrics!r}: expected none, summary "
                              "or detailed")

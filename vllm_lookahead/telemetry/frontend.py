@@ -26,6 +26,7 @@ logger = logging.getLogger("vllm_lookahead.telemetry")
 # Process names vLLM 0.32 gives to non-frontend processes (v1/engine/utils.py "EngineCore[_DPn]",
 # v1/executor/multiproc_executor.py "VllmWorker-n", Ray "DPEngineCoreActor").
 _BACKEND_PROCESS_PREFIXES = ("EngineCore", "VllmWorker", "DPEngineCore", "Worker")
+_WORKER_PREFIXES = ("VllmWorker", "Worker")
 
 
 def is_frontend_process(name: str | None = None) -> bool:
@@ -89,7 +90,14 @@ def install_if_configured(env: dict[str, str] | None = None) -> FrontendTelemetr
     if _telemetry is not None:
         return _telemetry
     config = TelemetryConfig.from_env(env)
-    if not config.enabled or not is_frontend_process():
+    if not config.enabled:
+        return None
+    if config.spec_metrics == "detailed" and not multiprocessing.current_process().name.startswith(_WORKER_PREFIXES):
+        # the scheduler's process (EngineCore, or a frontend without multiprocessing): which tokens were drafted
+        from vllm_lookahead.vllm.spec_steps import install
+
+        install()
+    if not is_frontend_process():
         return None
     with _lock:
         if _telemetry is not None:

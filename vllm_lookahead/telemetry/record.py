@@ -88,7 +88,31 @@ class FinishedRequest:
         return max(0.0, (self.e2e_s - ttft) / (self.num_output_tokens - 1))
 
 
-def spec_summary(spec: Any) -> dict[str, Any] | None:
+DRAFT_MASK_CHARS = ".ARB"  # plain (a step without a draft), accepted draft, recovered (rejected), bonus
+
+
+def draft_mask(spec: Any, num_output_tokens: int | None) -> str | None:
+    """One character per output token: how the step that committed it treated it.
+
+    ``.`` a step without a draft; ``A`` an accepted draft token; ``R`` the token sampled in place of
+    the first rejected draft token; ``B`` the bonus token after a step whose drafts were all accepted.
+    A step is a run of ``A`` ended by one of ``.RB``, so a token's draft position is 1 + the ``A`` run
+    before it.  From vLLM's ``detailed`` per-step lists with the steps without drafts filled in
+    (``vllm/spec_steps.py``); tokens past the end (a stop or ``max_tokens`` inside a step) are cut.
+    None when the lists cannot cover the output: not ``detailed``, or the steps without drafts are
+    missing (the first output token always comes from such a step: the prefill).
+    """
+    drafted = list(getattr(spec, "per_step_drafted", None) or [])
+    accepted = list(getattr(spec, "per_step_accepted", None) or [])
+    if not num_output_tokens or not drafted or len(drafted) != len(accepted) or drafted[0] != 0:
+        return None
+    out: list[str] = []
+    for d, a in zip(drafted, accepted):
+        out += ["A"] * a + ["." if d == 0 else "B" if a >= d else "R"]
+    return "".join(out[:num_output_tokens]) if len(out) >= num_output_tokens else None
+
+
+def spec_summary(spec: Any, num_output_tokens: int | None = None) -> dict[str, Any] | None:
     """Schema-v1 ``spec`` block from vLLM's per-request spec-decode metrics (None without speculation).
 
     ``histogram[j]`` counts verification steps that accepted ``j`` draft tokens; mean accepted length
@@ -109,6 +133,7 @@ def spec_summary(spec: Any) -> dict[str, Any] | None:
         "acceptance_rate": (min(1.0, accepted / drafted) if drafted else None),
         "mean_accepted_length": (1.0 + accepted / steps) if steps else None,
         "steps": int(steps),
+        "draft_mask": draft_mask(spec, num_output_tokens),
     }
 
 
@@ -174,7 +199,7 @@ def build_sample(req: FinishedRequest, *, arm: str, release: str | None, instanc
             "finish_reason": req.finish_reason,
             "stop_reason": stop_reason_value(req.stop_reason),
         },
-        "spec": spec_summary(req.spec),
+        "spec": spec_summary(req.spec, req.num_output_tokens),
         "error": req.error,
     }
     if req.choice_index is not None:

@@ -34,7 +34,8 @@ class Patch:
     """``"package.module:Owner.attr"`` (or ``"package.module:attr"``): what is replaced."""
     why: str
     scope: str
-    """Where it is applied: "worker" (model runner process), "frontend" (API server / LLM process),
+    """Where it is applied: "worker" (model runner process), "engine" (the scheduler's process: EngineCore),
+    "frontend" (API server / LLM process),
     "cli" (the ``vllm-lookahead serve`` process only) or "tool" (our own in-process tools)."""
     build: Callable[[Any], Any] | None
     """``original -> replacement``; None when the replacement is a closure built at apply time
@@ -47,7 +48,7 @@ _APPLIED: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (owner, attr, ori
 
 def declare(name: str, target: str, why: str, scope: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
     """Decorator: register ``build(original) -> replacement`` as patch ``name`` (nothing is applied)."""
-    if scope not in ("worker", "frontend", "cli", "tool"):
+    if scope not in ("worker", "engine", "frontend", "cli", "tool"):
         raise ValueError(f"patch {name}: unknown scope {scope!r}")
 
     def register(build: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
@@ -149,6 +150,7 @@ DECLARING_MODULES = (
     "vllm_lookahead.vllm.prompt_scores",
     "vllm_lookahead.vllm.fixes",
     "vllm_lookahead.vllm.frontend_patch",
+    "vllm_lookahead.vllm.spec_steps",
     "vllm_lookahead.vllm.serve_patch",
     "vllm_lookahead.vllm.step_counter",
     "vllm_lookahead.vllm.fault_patches",
