@@ -28,9 +28,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from vllm_lookahead.core.state import (
-    _agreement as accepted,  # a draft's leading tokens found in `future`
-)
+
+def accepted(cand, ref) -> int:
+    """A draft's leading tokens found in ``ref``."""
+    n = 0
+    for a, b in zip(cand, ref):
+        if a != b:
+            break
+        n += 1
+    return n
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -110,17 +110,18 @@ def test_bench_end_to_end_writes_json_and_plot(tmp_path, batching, interleave):
 
 
 def test_w_n_g_mean_the_2d_shape_in_every_spec_and_the_config():
-    """One meaning: `lookahead:...,W=2` and `lookahead2d:W=2,...` and {"W": 2} all set lade_window."""
+    """One meaning: `lookahead2d:W=2,...` and {"lade": {"W": 2}} set the 2D section's window; at the top
+    level W/N/G say where they moved."""
     from vllm_lookahead.core.config import LookaheadConfig
-    from vllm_lookahead.decoders import parse_spec
+    from vllm_lookahead.decoders import SpecError, parse_spec
 
-    chain = parse_spec("lookahead:k=4,W=2,N=4,G=3", check_import=False)
     twod = parse_spec("lookahead2d:W=2,N=4,G=3", check_import=False)
-    for spec in (chain, twod):
-        cfg = LookaheadConfig.from_dict(spec.engine_kwargs()["additional_config"]["lookahead"])
-        assert (cfg.lade_window, cfg.lade_ngram, cfg.lade_candidates) == (2, 4, 3)
-    assert LookaheadConfig.from_dict({"W": 2, "N": 4, "G": 3}).overrides() == {
-        "lade_window": 2, "lade_ngram": 4, "lade_candidates": 3}
+    cfg = LookaheadConfig.from_dict(twod.engine_kwargs()["additional_config"]["lookahead"])
+    assert (cfg.lade.window, cfg.lade.ngram, cfg.lade.candidates) == (2, 4, 3)
+    assert LookaheadConfig.from_dict({"lade": {"W": 2, "N": 4, "G": 3}}).overrides() == {
+        "lade.window": 2, "lade.ngram": 4, "lade.candidates": 3}
+    with pytest.raises(SpecError, match="moved into the 2D layout's section"):
+        parse_spec("lookahead:k=4,W=2", check_import=False)
 
 
 def test_telemetry_reports_the_validated_config():
@@ -130,7 +131,8 @@ def test_telemetry_reports_the_validated_config():
     from vllm_lookahead.vllm.frontend_patch import describe_decoder
 
     spec = SimpleNamespace(method="custom_class", model="vllm_lookahead.LookaheadProposer", num_speculative_tokens=4)
-    ok = SimpleNamespace(speculative_config=spec, additional_config={"lookahead": {"W": 2, "ngram": 4, "window": 3}})
-    assert describe_decoder(ok).params == {"k": 4, "lade_window": 2, "window": 3}
-    bad = SimpleNamespace(speculative_config=spec, additional_config={"lookahead": {"ngram": 99}})
-    assert "ngram=99 is invalid" in describe_decoder(bad).params["invalid_config"]
+    ok = SimpleNamespace(speculative_config=spec,
+                         additional_config={"lookahead": {"lade": {"W": 2, "ngram": 3}, "memory_depth": 4}})
+    assert describe_decoder(ok).params == {"k": 4, "lade.window": 2, "memory_depth": 4}
+    bad = SimpleNamespace(speculative_config=spec, additional_config={"lookahead": {"memory_depth": 99}})
+    assert "memory_depth=99 is invalid" in describe_decoder(bad).params["invalid_config"]

@@ -10,18 +10,15 @@ One short string per decoder keeps the command line readable and the report self
     suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1,cache=10000]
                                                vLLM's suffix decoding (needs arctic-inference,
                                                extra "suffix"); drafts up to k tokens
-    lookahead:k=4[,window=,ngram=,pool_size=,...]
+    lookahead:k=4[,chain_min_p=,memory_tokens=,...]
                                                vllm_lookahead.LookaheadProposer (CONTRACTS.md); keys
-                                               and ranges are the proposer's (core.LookaheadConfig);
-                                               W/N/G, if given, are LADE's 2D shape (lade_window,
-                                               lade_ngram, lade_candidates) here as everywhere
-    lookahead2d:W=5,N=3,G=5[,k=,max_batch=1,chain_k=4,policy=measure,context=0,shared=0]
-                                               the same proposer with LADE's 2D layout (layout=2d);
-                                               k defaults to (N-1)(W+G)-1, max_batch = lade_max_batch,
-                                               chain_k = chain_max_draft (drafts of chain requests),
-                                               policy = lade_policy (measure | always),
-                                               context = lade_context_candidate,
-                                               shared = lade_shared_candidates
+                                               and ranges are the proposer's (core.LookaheadConfig)
+    lookahead2d:W=5,N=3,G=5[,k=,max_batch=1,chain_k=4,policy=measure,context=0]
+                                               the same proposer with LADE's experimental 2D layout
+                                               (layout=2d, keys of its "lade" section); k defaults to
+                                               (N-1)(W+G)-1, chain_k = lade.chain_max_draft (drafts of
+                                               chain requests), policy = lade.policy (measure | always),
+                                               context = lade.context_candidate
     custom:pkg.module.Class:k=4[,key=value...] any proposer class vLLM can load as custom_class;
                                                extra keys go to additional_config["custom_proposer"]
 
@@ -37,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_lookahead.core.config import ALIASES, K_LIMITS
+from vllm_lookahead.core.config import K_LIMITS
 
 LOOKAHEAD_CLASS = "vllm_lookahead.LookaheadProposer"
 NGRAM_KEYS = ("n_min", "n_max", "kbs")
@@ -47,13 +44,11 @@ SUFFIX_KEYS = {"depth": "suffix_decoding_max_tree_depth", "spec_factor": "suffix
                "kbs": "num_speculative_tokens_per_batch_size"}
 MAX_K = 16
 MAX_K_2D = K_LIMITS[1]  # vLLM's MAX_SPEC_LEN: the 2D layout's rows are its drafts
-# W/N/G: the one meaning of core.config.ALIASES (LADE's window, n-gram size, candidates) in both kinds
-LADE_KEYS = {**ALIASES, "max_batch": "lade_max_batch",
-             "seed": "lade_seed", "chain_k": "chain_max_draft", "policy": "lade_policy",
-             "context": "lade_context_candidate", "shared": "lade_shared_candidates"}
+# lookahead2d SPEC key -> key of the config's "lade" section (W/N/G: core.config.ALIASES, resolved there)
+LADE_KEYS = {"chain_k": "chain_max_draft", "context": "context_candidate"}
 SPEC_HELP = (
     "decoder SPEC: none | ngram:k=4[,n_min=2,n_max=4] | suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1]"
-    " | lookahead:k=4[,window=0,ngram=4,pool_size=8] | lookahead2d:W=5,N=3,G=5[,max_batch=1]"
+    " | lookahead:k=4[,chain_min_p=0.05,memory_tokens=65536] | lookahead2d:W=5,N=3,G=5[,max_batch=1]"
     " | custom:pkg.module.Class:k=4[,key=value,...]"
 )
 
@@ -219,17 +214,18 @@ def parse_spec(spec: str, *, check_import: bool = True) -> DecoderSpec:
         return DecoderSpec(text, "lookahead", k, params)
     if kind == "lookahead2d":
         params = _kv(rest, spec)
-        lade = {"layout": "2d", "chain_max_draft": 4,  # requests on the chain draft chain-sized drafts
-                **{LADE_KEYS.get(k, k): v for k, v in params.items() if k != "k"}}
+        lade = {"layout": "2d", "lade": {"chain_max_draft": 4,  # requests on the chain draft chain-sized drafts
+                                         **{LADE_KEYS.get(k, k): v for k, v in params.items() if k != "k"}}}
         from vllm_lookahead.core.config import LookaheadConfig, LookaheadConfigError
 
         try:
             cfg = LookaheadConfig.from_dict(lade)
         except (LookaheadConfigError, TypeError) as e:
             raise SpecError(f"{spec!r}: {e}") from None
-        k = _positive_int(spec, "k", params.get("k", cfg.lade_rows - 1), MAX_K_2D)
-        if k < cfg.lade_rows - 1:
-            raise SpecError(f"{spec!r}: k={k} is below the (N-1)(W+G)-1 = {cfg.lade_rows - 1} rows of the layout")
+        rows = cfg.lade.rows
+        k = _positive_int(spec, "k", params.get("k", rows - 1), MAX_K_2D)
+        if k < rows - 1:
+            raise SpecError(f"{spec!r}: k={k} is below the (N-1)(W+G)-1 = {rows - 1} rows of the layout")
         return DecoderSpec(text, "lookahead", k, lade)
     if kind == "custom":
         class_path, sep, kvs = rest.partition(":")

@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from vllm_lookahead.core import config  # noqa: E402 (after the path set-up; pure Python, no vLLM)
 
-# chart value -> LookaheadConfig key (the chart's templates/_helpers.tpl "lookaheadParams")
-CHART_KEYS = {"window": "window", "ngram": "ngram", "poolSize": "pool_size"}
+# chart value -> LookaheadConfig key (the chart's templates/_helpers.tpl "lookaheadParams"); every key
+# goes through lookahead.extra
+CHART_KEYS: dict[str, str] = {}
 
 
 def lookahead_schema() -> dict[str, Any]:

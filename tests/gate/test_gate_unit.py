@@ -31,9 +31,9 @@ def test_spec_none_ngram_lookahead_custom() -> None:
     assert parse_spec("none").engine_kwargs() == {}
     ng = parse_spec("ngram:k=4,n_min=2,n_max=5").engine_kwargs()["speculative_config"]
     assert ng == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-    la = parse_spec("lookahead:k=3,window=5,ngram=4,pool_size=8").engine_kwargs()
+    la = parse_spec("lookahead:k=3,memory_depth=5,max_match=4,chain_min_p=0.1").engine_kwargs()
     assert la["speculative_config"] == {"model": "vllm_lookahead.LookaheadProposer", "num_speculative_tokens": 3}
-    assert la["additional_config"] == {"lookahead": {"window": 5, "ngram": 4, "pool_size": 8}}
+    assert la["additional_config"] == {"lookahead": {"memory_depth": 5, "max_match": 4, "chain_min_p": 0.1}}
     cu = parse_spec("custom:vllm_lookahead.gate.faulty.CorruptTokenProposer:k=2,fraction=0.25")
     assert cu.engine_kwargs()["speculative_config"]["model"] == "vllm_lookahead.gate.faulty.CorruptTokenProposer"
     assert cu.engine_kwargs()["additional_config"] == {"custom_proposer": {"fraction": 0.25}}

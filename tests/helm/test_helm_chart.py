@@ -161,10 +161,8 @@ def test_lookahead_speculative_config(render) -> None:
     extra = json.loads(_flag(c["args"], "--additional-config"))
     assert extra == {
         "lookahead": {
-            "window": 7,
-            "ngram": 5,
-            "pool_size": 7,
-            "min_acceptance": 0.2,
+            "memory_depth": 5,
+            "chain_min_p": 0.2,
             "max_batch_draft_tokens": 128,
         }
     }
@@ -196,8 +194,8 @@ def test_plugin_accepts_rendered_config(render, values: Path) -> None:
         if name == "server":
             extra = json.loads(_flag(c["args"], "--additional-config"))
             from_args = LookaheadConfig.from_sources(extra)
-            assert from_args.ngram == extra["lookahead"]["ngram"]
-            assert from_args.pool_size == extra["lookahead"]["pool_size"]
+            for key, value in extra["lookahead"].items():
+                assert getattr(from_args, key) == value
             fallback = LookaheadConfig.from_dict(json.loads(env["VLLM_LOOKAHEAD_CONFIG"]))
             assert fallback == from_args
 

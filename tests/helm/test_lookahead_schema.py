@@ -30,13 +30,14 @@ def test_generator_check_fails_on_drift(tmp_path, monkeypatch):
 
     text = (CHART / "values.schema.json").read_text()
     schema = json.loads(text)
-    schema["properties"]["lookahead"]["properties"]["ngram"]["maximum"] = 17
+    schema["properties"]["lookahead"]["properties"]["extra"]["properties"]["memory_depth"]["maximum"] = 33
     bad = tmp_path / "values.schema.json"
     bad.write_text(json.dumps(schema, indent=2) + "\n")
     monkeypatch.setattr(gen, "SCHEMA", bad)
     assert gen.main(["--check"]) == 1
     assert gen.main([]) == 0 and gen.main(["--check"]) == 0
-    assert json.loads(bad.read_text())["properties"]["lookahead"]["properties"]["ngram"]["maximum"] == 16
+    extra = json.loads(bad.read_text())["properties"]["lookahead"]["properties"]["extra"]
+    assert extra["properties"]["memory_depth"]["maximum"] == 32
 
 
 @pytest.mark.parametrize("key", sorted(LIMITS))

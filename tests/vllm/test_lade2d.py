@@ -207,8 +207,8 @@ def test_2d_config_errors():
         parse_spec("lookahead2d:W=5,N=3,G=5,k=4")
     with pytest.raises(LookaheadConfigError, match="layout"):
         LookaheadConfig.from_dict({"layout": "tree"})
-    with pytest.raises(LookaheadConfigError, match="lade_ngram"):
-        LookaheadConfig.from_dict({"layout": "2d", "lade_ngram": 2})
+    with pytest.raises(LookaheadConfigError, match="lade.ngram=2 is invalid"):
+        LookaheadConfig.from_dict({"layout": "2d", "lade": {"ngram": 2}})
     cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
                           additional_config={"lookahead": {"layout": "2d"}})
     with pytest.raises(LookaheadConfigError, match="needs \\(N-1\\)\\(W\\+G\\)-1 = 19 draft tokens"):

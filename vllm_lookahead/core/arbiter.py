@@ -1,19 +1,17 @@
-"""Pick the draft layout that serves more tokens per second, by measuring both on the live engine.
+"""Pick the mode (drafting as configured, no drafts, or the experimental 2D layout) that serves more tokens
+per second, by measuring each on the live engine: the drafter's busy-batch guard and the 2D layout's
+chooser.
 
-Why measure: whether LADE's 2D rows pay depends on the hardware, not the algorithm.  On a memory-bound
-GPU step the extra rows are nearly free and 2D's extra compression is a pure win; on a compute-bound
-CPU each row costs ~4% of a step and 2D loses to the chain (docs/design/lookahead-2d.md section 6).  A
-fixed rule would be wrong on one of them, so the engine times its own steps: an EMA of committed
+Why measure: whether draft rows pay depends on the hardware, not the algorithm.  On a memory-bound GPU
+step extra rows are nearly free; on a compute-bound CPU each row costs a share of a step.  A fixed rule
+would be wrong on one of them, so the engine times its own steps: an EMA of committed
 tokens per wall-clock second for each layout, the best one wins, and the others are re-tried for a
 few steps every so often so that a change (batch composition, prompt mix) is noticed -- each re-try
 measured afresh, not blended into the figure from when the layout last ran.  "off" (no
 drafts) is a layout too: at a large batch on a compute-bound device even the chain's rows can cost
-more than they return, and then the engine should simply decode.  "strict" is the chain at a higher
-commit-probability floor (the drafter's busy-batch guard, docs/design/busy-floor.md): fewer, surer
-draft rows, for the batches where a row costs too much for the configured floor but drafting still pays.
+more than they return, and then the engine should simply decode.
 
-Re-tries cost: a loser runs at the loser's speed for its steps (at batch 32 on the 2-core CPU an "off"
-step served 45% of a drafting step's tokens/s, benchmarks/results/il2_k8_copy_128_r5.json).  With
+Re-tries cost: a loser runs at the loser's speed for its steps.  With
 ``max_explore_every`` above ``explore_every`` the arbiter backs off from a loser that keeps losing by
 ``decisive`` or more -- each such re-try doubles the wait before its next one, up to
 ``max_explore_every`` steps; a re-try that comes closer resets it -- and a warm-up whose first
@@ -23,11 +21,11 @@ conditions is then noticed within ``max_explore_every`` steps instead of ``explo
 
 from __future__ import annotations
 
-MODES = ("chain", "strict", "2d", "off")  # off: no drafts at all -- when speculation itself does not pay
+MODES = ("chain", "2d", "off")  # off: no drafts at all -- when speculation itself does not pay
 
 
-class LayoutArbiter:
-    """Throughput arbitration between draft layouts (a subset of ``MODES``) for one batch size."""
+class ThroughputArbiter:
+    """Throughput arbitration between draft modes (a subset of ``MODES``) for one batch size."""
 
     def __init__(self, modes: tuple[str, ...] = ("chain", "2d", "off"), explore_every: int = 64,
                  explore_steps: int = 4, warmup_steps: int = 8, decay: float = 0.9, outlier: float = 8.0,

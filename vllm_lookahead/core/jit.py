@@ -1,29 +1,11 @@
-"""numba for the proposer's hot loops, without importing numba before it is needed.
-
-``compiled``: numba's ``njit``, cached on disk where possible.  Why a wrapper: with ``cache=True``
-numba refuses to even decorate a function when it finds no writable cache location (a read-only file
-system without ``NUMBA_CACHE_DIR`` or a writable ``HOME``) -- the import would fail.  Such a process
-compiles at start instead (about a second, once per process).
-
-``load_kernels``: core/kernels.py, imported on first use (why: that module's docstring).
-"""
+"""``load_kernels``: core/kernels.py, imported on first use (why: that module's docstring), with a clear
+error where numba is missing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
-from typing import Any
 
 _kernels: ModuleType | None = None
-
-
-def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    from numba import njit
-
-    try:
-        return njit(cache=True, nogil=True)(fn)
-    except RuntimeError:  # "cannot cache function ...: no locator available"
-        return njit(cache=False, nogil=True)(fn)
 
 
 def load_kernels() -> ModuleType:

@@ -1,5 +1,6 @@
-"""The compiled kernels behind ``ContextIndex`` (core/context_index.py) and ``SuffixMemory``
-(core/suffix_memory.py), in one module that is imported on first use (``jit.load_kernels``).
+"""The compiled kernels of the drafter (core/drafter.py): the context match, the output memory
+(core/suffix_memory.py) and the whole per-step work on the slot arrays (core/batch_rows.py), in one
+module that is imported on first use (``jit.load_kernels``).
 
 Why a separate, lazily imported module: importing numba loads llvmlite, and vLLM 0.32's kernel-override
 scan (``triton_utils.dispatcher._rebind_kernels``, run when a worker starts) crashes on llvmlite's FFI
@@ -16,10 +17,23 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .jit import compiled
-from .state import HISTORY_PRIOR
 
-CTX_SINGLE, CTX_UNANIMOUS, CTX_SPLIT = 0, 1, 2  # core.chain's context evidence classes (see below)
+def compiled(fn):
+    """numba's ``njit``, cached on disk where possible.  Why a wrapper: with ``cache=True`` numba refuses to
+    even decorate a function when it finds no writable cache location (a read-only file system without
+    ``NUMBA_CACHE_DIR`` or a writable ``HOME``) -- the import would fail.  Such a process compiles at
+    start instead (about a second, once per process)."""
+    try:
+        return njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return njit(cache=False, nogil=True)(fn)
+
+
+HISTORY_PRIOR = 8.0
+"""Pseudo-tokens on both sides of a request's accepted / expected ratio (the history factor in
+``_propose_one``): the ratio moves off 1 only once the request has a few steps of history."""
+
+CTX_SINGLE, CTX_UNANIMOUS, CTX_SPLIT = 0, 1, 2  # core.acceptance's context evidence classes (see below)
 
 
 @compiled
@@ -31,10 +45,8 @@ def suffix_match_evidence(toks: np.ndarray, n: int, min_match: int, max_match: i
     ``class`` looks at every earlier occurrence of the matched suffix (``length`` tokens), not only the
     latest one: ``CTX_SINGLE`` -- it occurred once; ``CTX_UNANIMOUS`` -- more than once, always followed
     by ``toks[end]``; ``CTX_SPLIT`` -- more than once, followed by different tokens.  Why: the match length
-    alone misjudges a draft whose suffix was followed by different tokens before (replayed at batch 1
-    on the demo model, 48 prompts, k=8: a context draft's first token was accepted 0.25 / 0.3 of the time
-    after a split suffix, 0.837 / 0.773 after a unanimous one, open / copy prompts;
-    benchmarks/results/draft_calibration_{open,copy}_48.json).  Suffix decoding's prompt tree weighs the
+    alone misjudges a draft whose suffix was followed by different tokens before (its first token is
+    accepted far less often than after a unanimous one).  Suffix decoding's prompt tree weighs the
     same counts.  One backward pass: per occurrence, the counts of every length up to its match length
     (``max_match`` is small); it does not stop at the first longest match."""
     hi = min(max_match, n - 1)
@@ -66,15 +78,6 @@ def suffix_match_evidence(toks: np.ndarray, n: int, min_match: int, max_match: i
     if cnt[best_len] == 1:
         return best_end, best_len, CTX_SINGLE
     return best_end, best_len, (CTX_UNANIMOUS if same[best_len] == cnt[best_len] else CTX_SPLIT)
-
-
-@compiled
-def longest_suffix_match(toks: np.ndarray, n: int, min_match: int, max_match: int) -> tuple[int, int]:
-    """(end, length) of the most recent earlier occurrence of the longest suffix of ``toks[:n]`` with
-    ``min_match <= length <= max_match``; (-1, 0) if none.  "Earlier": the occurrence ends before ``n``
-    (the suffix never matches itself), so ``toks[end]`` is the first token that followed it."""
-    end, length, _ = suffix_match_evidence(toks, n, min_match, max_match)
-    return end, length
 
 
 _SEED = np.uint64(0x5DEECE66D)
@@ -218,17 +221,17 @@ def memory_add_rows(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, 
                    ends[r], depth, sign)
 
 
-# policy "chain"'s sources and evidence buckets as numbers (core/chain.py defines them; these must agree:
-# tests/core/test_chain.py checks the twin below against ``propose_chain``).  Why copies and not an import
-# of chain.py's constants: numba freezes a global into the compiled code, and its on-disk cache is keyed
+# the sources and agreement blocks as numbers (core/acceptance.py defines the buckets; the reference drafter
+# in tests/core/reference_drafter.py is checked against these kernels).  Why copies and not an import of
+# acceptance.py's constants: numba freezes a global into the compiled code, and its on-disk cache is keyed
 # on this file alone -- a change to a constant in another module would keep serving the stale kernel.
 SRC_NONE, SRC_CONTEXT, SRC_MEMORY = 0, 1, 2
-AGREE, CONFLICT, AGREE_STATES = 1, 2, 3  # core.chain's agreement blocks of the acceptance table
+AGREE, CONFLICT, AGREE_STATES = 1, 2, 3  # core.acceptance's agreement blocks of the acceptance table
 
 
 @njit(inline="always")
 def _agreement(cand_c, length, toks, t0, other, o0, n_other, block):
-    """``core.chain.agreement_offsets``: the candidate ``toks[t0:t0 + length]``'s cells moved to the AGREE
+    """The candidate ``toks[t0:t0 + length]``'s cells moved to the AGREE
     block while ``other[o0:o0 + n_other]`` drafts the same tokens, to the CONFLICT block at the first
     token where it drafts a different one."""
     n = min(length, n_other)
@@ -250,7 +253,7 @@ def _mem_cell(matched, f, j, mem0, depths):
 @njit(inline="always")
 def _score(cells, length, p, rho, p_cum):
     """A candidate's p_cum per token (into ``p_cum``: ``rho`` x the product of its cells' estimates,
-    at most 0.98, as ``core.chain._better``) and their sum, the expected committed tokens."""
+    at most 0.98) and their sum, the expected committed tokens."""
     acc = rho
     total = 0.0
     for j in range(length):
@@ -271,13 +274,22 @@ def _keep(r, length, toks, cells, p_cum, out_tok, out_cell, out_pc):
 def _propose_one(r, ctx, n, kid, h_a, h_e, p, k, min_match, max_match, nk, ntot, nbest, nbestc, depth, floor, ctx0,
                  mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src,
                  out_count):
-    """One row of ``propose_rows``: the candidate for the committed tokens ``ctx[:n]`` into output row ``r``."""
+    """One row's draft: the candidate for the committed tokens ``ctx[:n]`` into output row ``r``.
+
+    ``kid`` is the request's isolation key's id in the memory (-1: nothing stored under it, or no memory).
+    The context match and the memory's longest match are each scored by expected committed tokens (sum of
+    p_cum, p_cum = min(rho x prod of p[cell], 0.98), rho the request's history factor); the better one, if
+    short, continues with what the memory says follows it; then how many leading tokens have p_cum >=
+    ``floor``.  Writes the full candidate (``out_tok``/``out_cell``/``out_pc``, ``out_len`` tokens, source
+    ``out_src``) and the count above the floor (``out_count``)."""
     out_len[r] = 0
     out_src[r] = SRC_NONE
     out_count[r] = 0
     if n == 0:
         return
-    rho = min(max((h_a + HISTORY_PRIOR) / (h_e + HISTORY_PRIOR), 0.3), 1.6)  # chain.history_factor
+    # the request's accepted / expected tokens, clipped: it scales a candidate's p_cum once (compounded over
+    # every position it would overshoot)
+    rho = min(max((h_a + HISTORY_PRIOR) / (h_e + HISTORY_PRIOR), 0.3), 1.6)
     best_total = 0.0
     best_len = 0
     block = len(p) // AGREE_STATES  # the cells of one agreement state
@@ -329,34 +341,11 @@ def _propose_one(r, ctx, n, kid, h_a, h_e, p, k, min_match, max_match, nk, ntot,
     out_count[r] = cnt
 
 
-@compiled
-def propose_rows(flat, offs, lens, kids, hist_a, hist_e, p, k, min_match, max_match, nk, ntot, nbest, nbestc, depth,
-                 floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p,
-                 out_tok, out_cell, out_pc, out_len, out_src, out_count):
-    """``core.chain.propose_chain`` without the pool and the Jacobi iterate, for every row at once.
-
-    Row ``r``'s committed tokens are ``flat[offs[r]:offs[r] + lens[r]]`` (``lens[r]`` 0: no draft, e.g.
-    still prefilling); ``kids[r]`` its isolation key's id in the memory (-1: nothing stored under it, or
-    no memory).  Per row: the context match and the memory's longest match, each scored by expected
-    committed tokens (sum of p_cum, p_cum = min(rho x prod of p[cell], 0.98)); the better one, if short,
-    continues with what the memory says follows it; then how many leading tokens have p_cum >= ``floor``.
-    Writes the full candidate (``out_tok``/``out_cell``/``out_pc``, ``out_len`` tokens, source
-    ``out_src``) and the count above the floor (``out_count``).  The float arithmetic is the Python
-    code's, in the same order, so the cut falls at the same token."""
-    for r in range(len(offs)):
-        _propose_one(r, flat[offs[r] : offs[r] + lens[r]], lens[r], kids[r], hist_a[r], hist_e[r], p, k, min_match,
-                     max_match, nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail,
-                     cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count)
-
-
 # ---------------------------------------------------------------- the engine's batch, in slot arrays
-# ``core.batch_rows.BatchRows`` keeps the per-request state of policy "chain" above ``pool_max_batch``
-# rows in arrays indexed by a slot per request; these kernels do a whole step's per-row work on them
-# (``LookaheadDrafter.step_arrays``; ``chain_step`` all of it in one call, the others where a step
-# needs Python in between).  Each mirrors a Python path that the tests compare it with:
-# ``observe_rows`` = ``RequestState.observe`` + ``AcceptanceTable.record`` + the history update of
-# ``LookaheadDrafter._step_cost``; ``propose_slots`` = ``propose_rows`` on the engine's token rows;
-# the memory counts = ``SuffixMemory.extend_rows``.
+# ``core.batch_rows.BatchRows`` keeps the drafter's per-request state in arrays indexed by a slot per
+# request; these kernels do a whole step's per-row work on them (``LookaheadDrafter.step_arrays``;
+# ``chain_step`` all of it in one call, the others where a step needs Python in between).  The reference
+# drafter of the tests (tests/core/reference_drafter.py) does the same in plain Python.
 
 
 @compiled
@@ -424,7 +413,7 @@ def memory_add_slots(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta,
 def propose_slots(tokens, slots, num_tokens, n_new, s_start, s_kid, s_hist_a, s_hist_e, p, k, min_match, max_match,
                   nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c,
                   cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count):
-    """``propose_rows`` for row ``r`` = the engine's token row ``tokens[r]``, the request in slot
+    """``_propose_one`` for row ``r`` = the engine's token row ``tokens[r]``, the request in slot
     ``slots[r]``: its committed tokens from its slot's start (``s_start``) to ``num_tokens[r]``; no
     draft for a row still prefilling (``n_new[r]`` 0)."""
     for r in range(len(slots)):

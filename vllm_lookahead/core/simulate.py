@@ -49,7 +49,7 @@ def simulate(verify: Verify, prompt: Sequence[int], max_new_tokens: int, k: int,
     steps += 1
     ctx.append(first)
     out.append(first)
-    draft = drafter.step([RowStep(req_id, ctx, len(ctx), [first], 0, None, len(prompt))])[0]
+    draft = drafter.step([RowStep(req_id, ctx, len(ctx), [first], 0, len(prompt))])[0]
     while len(out) < max_new_tokens and (eos is None or out[-1] != eos):
         draft = draft[: max(0, max_new_tokens - len(out) - 1)]
         argmax = [int(t) for t in verify(ctx, draft)]
@@ -64,7 +64,7 @@ def simulate(verify: Verify, prompt: Sequence[int], max_new_tokens: int, k: int,
         accepted += a
         ctx.extend(new)
         out.extend(new)
-        draft = drafter.step([RowStep(req_id, ctx, len(ctx), list(new), len(draft), argmax, len(prompt))])[0]
+        draft = drafter.step([RowStep(req_id, ctx, len(ctx), list(new), len(draft), len(prompt))])[0]
         if len(draft) > k:
             raise AssertionError(f"drafter proposed {len(draft)} > k={k} tokens")
     return SimResult(out[:max_new_tokens], steps, drafted, accepted)

@@ -149,7 +149,7 @@ class SuffixMemory:
     def extend_rows(self, flat: np.ndarray, rows: Sequence[tuple[Hashable, Hashable, list[int], int, int]]) -> None:
         """For every (seg_id, key, tokens, off, lo), in order: ``extend(seg_id, key, tokens[lo:])``, where
         ``flat[off:off + len(tokens)]`` (int32) holds the same tokens as ``tokens`` and the segment so far
-        ends with ``tokens[:lo]`` -- the requests' committed tokens (``ContextIndex``) side by side.
+        ends with ``tokens[:lo]`` -- e.g. a request's token row.
         Why: counted straight from that array, no conversion, and in one kernel call for the whole step
         (a call unboxes 17 arguments: a few microseconds, per row per step otherwise).
 
@@ -312,7 +312,7 @@ class SuffixMemory:
     def lookup_from(self, key: Hashable, buf: np.ndarray, n: int | None, max_tokens: int,
                     min_prob: float = 0.0) -> tuple[list[int], list[float], int]:
         """``lookup`` of the context ``buf[:n]`` (int32; all of ``buf`` if ``n`` is None) -- a request's
-        ``ContextIndex`` buffer, read in place."""
+        token buffer, read in place."""
         kid = self._kids.get(key)
         if max_tokens <= 0 or kid is None or not self.tokens:
             return [], [], 0

@@ -3,10 +3,8 @@
 Why here: at temperature 0 with nothing that moves the argmax (no penalties, bias, bad words, ...),
 vLLM's rejection sampler reduces to "keep each draft token while it equals the target's argmax, then
 emit the target's argmax at the first mismatch (or the bonus row's argmax when all matched)".  On CPU
-vLLM computes that argmax with torch (10x numpy's time at batch 32 here) after cloning the target
-logits: its sampling phase took 0.631 ms of a batch-1 step here, 0.354 ms with this verdict instead
-(benchmarks/results/verify_cost_k8_open.json).  A numpy argmax of the
-same logits and one compiled loop give the same verdict (``vllm/greedy_verify.py`` decides when it
+vLLM computes that argmax with torch (several times numpy's time) after cloning the target logits.
+A numpy argmax of the same logits and one compiled loop give the same verdict (``vllm/greedy_verify.py`` decides when it
 applies).
 
 The output has vLLM's shape and padding (``SamplerOutput.sampled_token_ids``): one row per request,

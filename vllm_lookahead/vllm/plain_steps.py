@@ -2,8 +2,7 @@
 
 Why: with a speculative config, vLLM 0.32's ``GPUModelRunner._prepare_inputs`` builds spec-decode metadata
 and ``_sample`` runs the rejection sampler for *every* step -- also when no request has a draft (the
-metadata then says zero drafts per row).  That costs a step about as much as a few draft tokens do
-(benchmarks/results/draft_row_cost.json: 0 draft tokens vs ``none``).  Lookahead drafts nothing on many
+metadata then says zero drafts per row).  That costs a step about as much as a few draft tokens do.  Lookahead drafts nothing on many
 steps (a request with no candidate above its floor; every step while the busy-batch guard has drafting
 off), and those steps should cost what ``none``'s do.
 

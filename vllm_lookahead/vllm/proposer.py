@@ -2,23 +2,22 @@
 
     LLM(model=..., speculative_config={"model": "vllm_lookahead.LookaheadProposer",
                                        "num_speculative_tokens": 4},
-        additional_config={"lookahead": {"ngram": 4, "pool_size": 8}})
+        additional_config={"lookahead": {"memory_tokens": 65536}})
 
 vLLM builds it in each worker as ``LookaheadProposer(vllm_config)`` and, after every forward pass,
 calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` for the
 rows of ``runner.input_batch``.  Drafts are verified by vLLM's own rejection sampler in the next step,
 which is what keeps outputs lossless (greedy match at T=0, the draft-free rejection rule at T>0).
 
-Design ("Jacobi inside the verification chain"): the k draft slots carry a context match, a pool
-n-gram or the current Jacobi iterate; the target argmax at every verified row (captured by
-``runner_patch``) yields the next iterate and trajectory n-grams.  All algorithmic state lives in
-``vllm_lookahead.core`` keyed by request id, so row reordering, preemption and ``n > 1`` are handled by
-id, never by row index.
+Design: the k draft slots carry the best candidate of the context match (prompt lookup over prompt +
+output) and the engine-wide memory of earlier outputs, cut at its estimated commit probability
+(``vllm_lookahead.core.drafter``).  All algorithmic state lives in ``vllm_lookahead.core`` keyed by
+request id, so row reordering, preemption and ``n > 1`` are handled by id, never by row index.
 
-With ``layout="2d"`` the proposer can instead hand vLLM LADE's whole step (G candidates + the Jacobi
-window) as the draft of an eligible request; ``lade2d`` then runs it with LADE's mask and verifies it
-with a multi-candidate verifier (docs/lookahead.md, "The 2D layout").  A measured arbiter per batch size
-(``core.arbiter``) picks 2D, the chain or no drafts for each step.
+With ``layout="2d"`` (experimental) the proposer can instead hand vLLM LADE's whole step (G candidates +
+the Jacobi window) as the draft of an eligible request; ``lade2d`` then runs it with LADE's mask and
+verifies it with a multi-candidate verifier (docs/lookahead.md, "The 2D layout").  A measured arbiter per
+batch size (``core.arbiter``) picks 2D, the chain or no drafts for each step.
 """
 
 from __future__ import annotations
@@ -30,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError, LookaheadDrafter, RowStep
-from vllm_lookahead.core.arbiter import LayoutArbiter
-from vllm_lookahead.core.config import ALIASES, LIMITS
+from vllm_lookahead.core.arbiter import ThroughputArbiter
+from vllm_lookahead.core.config import ALIASES, LADE_LIMITS
+from vllm_lookahead.core.jit import load_kernels
 from vllm_lookahead.core.lade import LadeState
 
 from . import greedy_verify, lade2d
@@ -66,7 +66,7 @@ def draft_room(requests: Any, req_ids: list[str], num_tokens: list[int], prompt_
     so a request ``r`` output tokens short of its ``max_tokens`` uses at most ``r - 1`` drafts (capped at
     ``k``).  Why: vLLM schedules whatever is drafted, and near the cap the rest are rows that cost step
     time and can never be committed -- every request that stops at ``max_tokens`` pays that in its last
-    step or two (at batch 32 each row is ~0.05 ms, benchmarks/results/draft_row_cost.json)."""
+    step or two."""
     room = []
     for rid, nt, pl in zip(req_ids, num_tokens, prompt_lens):
         req = requests.get(rid)
@@ -104,7 +104,8 @@ class LookaheadProposer:
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.config = LookaheadConfig.from_sources(getattr(vllm_config, "additional_config", None))
-        chain_k = min(self.k, self.config.chain_max_draft or self.k)
+        lade = self.config.lade
+        chain_k = min(self.k, lade.chain_max_draft or self.k) if self.config.layout == "2d" else self.k
         self.drafter = LookaheadDrafter(self.config, chain_k)
         PROFILE.drafter = self.drafter
         self._runner: Any = None
@@ -116,15 +117,14 @@ class LookaheadProposer:
         self._lade_ok: bool | None = None  # None until the KV layout probe ran on the live engine
         self._step2d: lade2d.StepPlan | None = None
         # by (batch size, 2D possible): what pays depends on the batch size
-        self.arbiters: dict[tuple[int, bool], LayoutArbiter] = {}
+        self.arbiters: dict[tuple[int, bool], ThroughputArbiter] = {}
         self._last_layout: tuple[str, tuple[int, bool], float] | None = None  # (layout, arbiter key, time)
         if self.config.layout == "2d":
-            if self.config.lade_rows - 1 > self.k:
+            if lade.rows - 1 > self.k:
                 raise LookaheadConfigError(
-                    f"lookahead config: layout=2d with W={self.config.lade_window} N={self.config.lade_ngram} "
-                    f"G={self.config.lade_candidates} (+{self.config.lade_context_candidate} context tokens) "
-                    f"needs (N-1)(W+G)-1 = {self.config.lade_rows - 1} draft tokens, but "
-                    f"num_speculative_tokens is {self.k}")
+                    f"lookahead config: layout=2d with W={lade.window} N={lade.ngram} G={lade.candidates} "
+                    f"(+{lade.context_candidate} context tokens) needs (N-1)(W+G)-1 = {lade.rows - 1} draft "
+                    f"tokens, but num_speculative_tokens is {self.k}")
             lade2d.install_lade2d_hooks()
         logger.info("vllm-lookahead proposer: k=%d config=%s", self.k, self.config.as_dict())
 
@@ -153,10 +153,8 @@ class LookaheadProposer:
         # (greedy_verify.py: vLLM's CPU rejection sampler clones the logits and runs torch's argmax)
         verdict = (cfg.fast_greedy_verify and cfg.layout != "2d"
                    and greedy_verify.argmax_is_the_verdict(runner, logits, spec_decode_metadata))
-        # the target argmax feeds only the Jacobi iterate and the pool's trajectories, which these
-        # policies skip above `pool_max_batch` rows: keep the verified counts, not the argmax
-        drafter_skips_argmax = (cfg.layout != "2d" and cfg.policy in ("chain", "cost")
-                                and len(runner.input_batch.req_ids) > cfg.pool_max_batch)
+        # the chain drafter needs the verified counts, not the argmax (only the 2D layout reads it)
+        drafter_skips_argmax = cfg.layout != "2d"
         argmax: Any = None
         if verdict or (not drafter_skips_argmax and cfg.layout != "2d" and logits.is_cpu
                        and logits.dtype == torch.float32):
@@ -218,39 +216,21 @@ class LookaheadProposer:
         captured = self._captured
         self._captured = None
         n = len(sampled_token_ids)
-        if self.config.layout != "2d" and self.drafter.batch_path(n):
+        if self.config.layout != "2d":
             return self._propose_arrays(runner, req_ids[:n], captured, sampled_token_ids, num_tokens_no_spec,
                                         token_ids_cpu)
-        argmax_rows: dict[str, tuple[int, np.ndarray | None]] = {}
-        if captured is not None:
-            cap_ids, argmax, num_draft = captured
-            if argmax is None:
-                argmax_rows = {rid: (nd, None) for rid, nd in zip(cap_ids, num_draft)}
-            else:
-                flat = argmax.numpy() if hasattr(argmax, "numpy") else np.asarray(argmax)
-                offset = 0
-                for rid, nd in zip(cap_ids, num_draft):
-                    argmax_rows[rid] = (nd, flat[offset : offset + nd + 1])
-                    offset += nd + 1
         step2d, self._step2d = self._step2d, None
         ran_2d = {req.req_id: req for req in step2d.requests} if step2d is not None else {}
-        rows = []
-        known = self.drafter.states
-        # one conversion per step, not a numpy scalar per row (this loop runs for every row every step)
+        if ran_2d and captured is not None:  # a 2D step's rows are not a chain: no chain draft was verified
+            captured = (captured[0], captured[1], [0 if rid in ran_2d else nd for rid, nd in zip(captured[0], captured[2])])
+        drafts = self._propose_arrays(runner, req_ids[:n], captured, sampled_token_ids, num_tokens_no_spec,
+                                      token_ids_cpu)
         num_tokens = np.asarray(num_tokens_no_spec[:n]).tolist()
         prompt_lens = np.asarray(batch.num_prompt_tokens[:n]).tolist()
-        for i, new in enumerate(sampled_token_ids):
-            rid = req_ids[i]
-            # a 2D step's rows are not a chain: the chain state sees committed tokens only
-            verified, am = (0, None) if rid in ran_2d else argmax_rows.get(rid, (0, None))
-            rows.append(RowStep(rid, token_ids_cpu[i], num_tokens[i], list(new), verified, am, prompt_lens[i],
-                                None if rid in known else isolation_key(runner.requests.get(rid))))
-        # a chain draft never holds more than the request may still commit (``draft_room``); a 2D step's
-        # rows below are a layout the verifier reads as a whole, never cut
-        room = draft_room(runner.requests, req_ids[:n], num_tokens, prompt_lens, self.k)
-        drafts = [d[:r] for d, r in zip(self.drafter.step(rows), room)]
-        if self.config.layout == "2d":
-            self._lade_drafts(runner, rows, drafts, ran_2d)
+        rows = [RowStep(req_ids[i], token_ids_cpu[i], num_tokens[i], list(new), 0, prompt_lens[i])
+                for i, new in enumerate(sampled_token_ids)]
+        # a 2D step's rows below are a layout the verifier reads as a whole, never cut
+        self._lade_drafts(runner, rows, drafts, ran_2d)
         # Never more than k per row: longer drafts crash vLLM's spec-decode metrics (IndexError).
         return [d[: self.k] for d in drafts]
 
@@ -286,7 +266,7 @@ class LookaheadProposer:
         live = {row.req_id for row in rows}
         for rid in [r for r in self.lade if r not in live]:  # finished or preempted
             del self.lade[rid]
-        use = bool(self._lade_ok) and len(rows) <= cfg.lade_max_batch
+        use = bool(self._lade_ok) and len(rows) <= cfg.lade.max_batch
         layout = self._choose_layout(rows, use)
         if layout == "off":  # the arbiter measured that no draft pays at this batch size
             drafts[:] = [[] for _ in drafts]
@@ -302,7 +282,7 @@ class LookaheadProposer:
             if not lade2d.eligible(sp):
                 continue
             if st is None:
-                st = self.lade[row.req_id] = LadeState(*self._lade_shape(sp), seed=cfg.lade_seed)
+                st = self.lade[row.req_id] = LadeState(*self._lade_shape(sp), seed=cfg.lade.seed)
             st.observe(row.context, row.num_tokens, row.prompt_len)
             current = int(row.context[row.num_tokens - 1])
             plan = st.plan(current, row.num_tokens - 1, self._extra_candidates(row, current))
@@ -311,32 +291,31 @@ class LookaheadProposer:
                 drafts[i] = plan.drafts
 
     def _extra_candidates(self, row: RowStep, current: int) -> list[list[int]]:
-        """2D candidates beyond LADE's pool, if configured: a confident context match (the chain's
-        index), then continuations of the current token from the engine-wide pool."""
-        cfg = self.config
-        out: list[list[int]] = []
-        chain = self.drafter.states.get(row.req_id)
-        if cfg.lade_context_candidate and chain is not None:
-            cont, match_len = chain.index.lookup(cfg.lade_context_candidate)
-            if match_len >= cfg.confident_match:
-                out.append(list(cont))
-        if cfg.lade_shared_candidates and self.drafter.shared is not None:
-            out += [list(c) for c in self.drafter.shared.get(current)[: cfg.lade_shared_candidates]]
-        return out
+        """2D candidates beyond LADE's pool, if configured: a confident context match (prompt lookup over the
+        request's committed tokens)."""
+        lade = self.config.lade
+        if not lade.context_candidate:
+            return []
+        toks = np.asarray(row.context[: row.num_tokens], dtype=np.int32)
+        end, length, _ = load_kernels().suffix_match_evidence(toks, row.num_tokens, self.config.min_match,
+                                                              self.config.max_match)
+        if end < 0 or length < lade.context_min_match:
+            return []
+        return [toks[end : end + lade.context_candidate].tolist()]
 
     def _choose_layout(self, rows: list[RowStep], possible: bool) -> str:
-        """2D, chain or off for the next step (2D engines only): with ``lade_policy="measure"`` the
+        """2D, chain or off for the next step (2D engines only): with lade.policy "measure" the
         arbiter of this batch size decides, fed with the step just done; "always": 2D when possible."""
         now = time.perf_counter()
         last, self._last_layout = self._last_layout, None
         if last is not None:
             self.arbiters[last[1]].observe(last[0], sum(len(r.new_tokens) for r in rows), now - last[2])
-        if self.config.lade_policy == "always":
+        if self.config.lade.policy == "always":
             return "2d" if possible else "chain"
         key = (len(rows), possible)
         arbiter = self.arbiters.get(key)
         if arbiter is None:
-            arbiter = self.arbiters[key] = LayoutArbiter(("chain", "2d", "off") if possible else ("chain", "off"))
+            arbiter = self.arbiters[key] = ThroughputArbiter(("chain", "2d", "off") if possible else ("chain", "off"))
         layout = arbiter.choose()
         self._last_layout = (layout, key, now)
         return layout
@@ -345,15 +324,14 @@ class LookaheadProposer:
         """W, N, G for a request: the engine's, or smaller ones the client asked for in
         ``SamplingParams.extra_args["lookahead"]`` -- keys W/N/G with the one meaning of
         ``core.config.ALIASES`` (or their long names), clamped to the declared lower bound
-        (``core.config.LIMITS``) and capped at the engine's values."""
-        cfg = self.config
-        keys = ("lade_window", "lade_ngram", "lade_candidates")
-        shape = [getattr(cfg, k) for k in keys]
+        (``core.config.LADE_LIMITS``) and capped at the engine's values."""
+        keys = ("window", "ngram", "candidates")
+        shape = [getattr(self.config.lade, k) for k in keys]
         asked = (getattr(sampling_params, "extra_args", None) or {}).get("lookahead") or {}
         if isinstance(asked, dict):
             asked = {ALIASES.get(k, k): v for k, v in asked.items()}
             for j, key in enumerate(keys):
                 v = asked.get(key)
                 if isinstance(v, int) and not isinstance(v, bool):
-                    shape[j] = min(max(v, int(LIMITS[key][0])), shape[j])
+                    shape[j] = min(max(v, int(LADE_LIMITS[key][0])), shape[j])
         return shape[0], shape[1], shape[2]

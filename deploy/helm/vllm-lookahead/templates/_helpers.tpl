@@ -77,10 +77,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- dict "model" "vllm_lookahead.LookaheadProposer" "num_speculative_tokens" (int .Values.lookahead.numSpeculativeTokens) | toJson -}}
 {{- end -}}
 
-{{/* The "lookahead" object: W/N/G plus lookahead.extra (extra wins on key clashes). */}}
+{{/* The "lookahead" object: lookahead.extra (LookaheadConfig keys). */}}
 {{- define "vllm-lookahead.lookaheadParams" -}}
-{{- $base := dict "window" (int .Values.lookahead.window) "ngram" (int .Values.lookahead.ngram) "pool_size" (int .Values.lookahead.poolSize) -}}
-{{- merge (deepCopy .Values.lookahead.extra) $base | toJson -}}
+{{- .Values.lookahead.extra | default dict | toJson -}}
 {{- end -}}
 
 {{- define "vllm-lookahead.additionalConfig" -}}
