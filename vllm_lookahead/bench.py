@@ -104,7 +104,7 @@ class _Measured:
     def run(self, llm: Any, prompts: list[str], sp: Any, static_chunk: int | None) -> None:
         """``llm.generate`` on ``prompts`` (in calls of ``static_chunk`` prompts with static batching),
         timed; the process-wide proposer profile and 2D counters are reset before and read after."""
-        from vllm_lookahead.vllm import lade2d
+        from vllm_lookahead.experimental import lade2d
         from vllm_lookahead.vllm import proposer as proposer_mod
 
         prof, counters = proposer_mod.PROFILE, lade2d.COUNTERS

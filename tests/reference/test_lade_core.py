@@ -1,4 +1,4 @@
-"""``core.lade`` -- the 2D state the vLLM path runs -- checked on Hugging Face before vLLM sees it.
+"""``experimental.lade`` -- the 2D state the vLLM path runs -- checked on Hugging Face before vLLM sees it.
 
 1. Every row of a ``LadePlan`` (vLLM row order: current, candidates, window) gets exactly the logits
    of its own causal context (the per-row oracle of test_ref_layout, on the permuted layout).
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from vllm_lookahead.core.lade import LadeState, verify_greedy
+from vllm_lookahead.experimental.lade import LadeState, verify_greedy
 from vllm_lookahead.reference import StepLayout, greedy_generate, lade_generate
 from vllm_lookahead.reference.model import forward_rows, keep_cache_rows
 

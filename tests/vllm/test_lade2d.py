@@ -37,13 +37,13 @@ def runs(engine_factory):
     """none vs 2D at each batch size, the 2D counters per batch size, and a run without the fix-up."""
     from vllm import SamplingParams
 
-    from vllm_lookahead.vllm import lade2d
+    from vllm_lookahead.experimental import lade2d
 
     prompts = heldout_prompts()
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     out: dict = {"none": {}, "2d": {}, "counters": {}}
     # engines run one after another (deleting one while another is alive breaks vLLM's global state)
-    llm = engine_factory(SPEC + ",context=4,shared=2")
+    llm = engine_factory(SPEC + ",context=4")
     lade2d.COUNTERS.reset()
     out["context"] = _generate(llm, prompts, 8, sp)
     out["context_counters"] = dict(vars(lade2d.COUNTERS))
@@ -102,8 +102,8 @@ def test_vllm_2d_commits_what_the_reference_commits(runs, demo_model):
     (same W/N/G, same seed for the initial window, level 0 entering at the first decode step)."""
     from vllm import SamplingParams
 
+    from vllm_lookahead.experimental import lade2d
     from vllm_lookahead.reference import lade_generate, load_model
-    from vllm_lookahead.vllm import lade2d
 
     prompts, _, llm = runs
     model = load_model(str(demo_model), dtype="float32")
@@ -130,7 +130,7 @@ def test_per_request_shape_and_sampling_fallback(runs):
     """A client may ask for a smaller W/N/G per request; a sampled request takes the chain."""
     from vllm import SamplingParams
 
-    from vllm_lookahead.vllm import lade2d
+    from vllm_lookahead.experimental import lade2d
 
     prompts, _, llm = runs
     small = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, extra_args={"lookahead": {"W": 2, "G": 1}})
@@ -157,7 +157,7 @@ def test_2d_sampling_distribution_unchanged(runs, engine_factory):
 
     from vllm import SamplingParams
 
-    from vllm_lookahead.vllm import lade2d
+    from vllm_lookahead.experimental import lade2d
 
     _, _, llm = runs
     prompt = "    def test_repeat(self):\n        self.assertEqual(x, 1)\n        self.assertEqual(y, 2)\n        self.assertEqual("
@@ -182,10 +182,10 @@ def test_2d_greedy_identical_under_preemption(runs, engine_factory):
     first is still to be used.)"""
     from vllm import SamplingParams
 
-    from vllm_lookahead.vllm import lade2d
+    from vllm_lookahead.experimental import lade2d
 
     prompts, out, _ = runs
-    llm = engine_factory(SPEC + ",context=4,shared=2", max_model_len=512,
+    llm = engine_factory(SPEC + ",context=4", max_model_len=512,
                          extra={"num_gpu_blocks_override": 20, "block_size": 32})
     lade2d.COUNTERS.reset()
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)

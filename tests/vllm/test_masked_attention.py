@@ -11,7 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_lookahead.vllm.masked_attention import gather_prefix, layout_probe, masked_attention
+from vllm_lookahead.experimental.masked_attention import (
+    gather_prefix,
+    layout_probe,
+    masked_attention,
+)
 
 pytestmark = pytest.mark.vllm
 

@@ -145,8 +145,8 @@ def revert(name: str) -> bool:
 DECLARING_MODULES = (
     "vllm_lookahead.vllm.runner_patch",
     "vllm_lookahead.vllm.plain_steps",
-    "vllm_lookahead.vllm.lade2d",
-    "vllm_lookahead.vllm.flex_mask",
+    "vllm_lookahead.experimental.lade2d",
+    "vllm_lookahead.experimental.flex_mask",
     "vllm_lookahead.vllm.prompt_scores",
     "vllm_lookahead.vllm.fixes",
     "vllm_lookahead.vllm.frontend_patch",

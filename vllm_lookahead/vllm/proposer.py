@@ -32,9 +32,10 @@ from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError, Lookahead
 from vllm_lookahead.core.arbiter import ThroughputArbiter
 from vllm_lookahead.core.config import ALIASES, LADE_LIMITS
 from vllm_lookahead.core.jit import load_kernels
-from vllm_lookahead.core.lade import LadeState
+from vllm_lookahead.experimental import lade2d
+from vllm_lookahead.experimental.lade import LadeState
 
-from . import greedy_verify, lade2d
+from . import greedy_verify
 from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken
 from .plain_steps import install_plain_steps
 from .runner_patch import install_runner_hook

@@ -15,7 +15,7 @@ LADE's instead of a chain:
    overwrite the flagged requests' rows with SDPA over [the prefix gathered from the paged cache] +
    [this step's raw K/V] under LADE's mask (``masked_attention``), and stash those rows' K/V.
 3. ``GPUModelRunner._sample`` (via ``runner_patch``): verify every candidate against the argmax
-   (``core.lade.verify_greedy``), overwrite the request's row of ``sampled_token_ids`` -- the scheduler
+   (``lade.verify_greedy``), overwrite the request's row of ``sampled_token_ids`` -- the scheduler
    derives accepted counts and the KV rollback from that row alone -- and, when a candidate other
    than the first wins, copy its rows' K/V into the slots right after the prefix with the backend's
    own writer (``do_kv_cache_update``).
@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_lookahead.core.lade import LadePlan, verify_greedy, verify_sampled
+from vllm_lookahead.vllm import patches
 
-from . import patches
 from .flex_mask import LadeMaskTables, install_flex_mask_patch
+from .lade import LadePlan, verify_greedy, verify_sampled
 from .masked_attention import layout_probe, masked_attention
 
 logger = logging.getLogger("vllm_lookahead")

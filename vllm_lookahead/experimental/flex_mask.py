@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import patches
+from vllm_lookahead.vllm import patches
 
 
 @dataclass(frozen=True)
