@@ -22,7 +22,7 @@ Only outputs are stored (never prompts: they are the client's data, not the mode
 
 Why compiled (numba, core/kernels.py) open-addressing tables: the memory is extended with every committed token of
 every request, ``depth`` contexts per token, on the proposer's per-step path.  As Python dicts keyed by
-packed contexts that was the largest part of policy "chain"'s proposer time at batch 32 (a 128-bit
+packed contexts that was the largest part of the proposer's time at batch 32 (a 128-bit
 packed key per context is a big-int allocation per operation).  Keys here are 64-bit hashes of
 (isolation key, context): two contexts colliding is ~n^2/2^64 unlikely, and would only cost a
 rejected draft token -- verification, not the memory, decides what is committed.

@@ -1,15 +1,15 @@
 """The one patch lookahead needs inside vLLM's model runner (patch ``runner_sample``).
 
-Why: vLLM's rejection sampler computes the target's argmax at every draft position but returns only
-the accepted prefix.  Lookahead needs the argmax *past* the first rejection too -- it is the next
-Jacobi iterate and the raw material of the trajectory n-grams.  ``GPUModelRunner._sample(logits,
-spec_decode_metadata)`` is the narrowest place that sees all verification logits before rejection, in
-the same row order that the following ``propose()`` call sees; the CPU runner inherits it, so one patch
-covers CPU and CUDA.
+Why: the proposer needs each step's verification before vLLM's rejection sampler consumes it -- the
+verified draft counts (the drafter credits them to its acceptance estimates), a greedy step's argmax
+(``greedy_verify.py`` gives the verdict from it) and, with the experimental 2D layout, the argmax at
+every row.  ``GPUModelRunner._sample(logits, spec_decode_metadata)`` is the narrowest place that sees all
+verification logits before rejection, in the same row order that the following ``propose()`` call sees;
+the CPU runner inherits it, so one patch covers CPU and CUDA.
 
 What: wrap ``_sample`` so that, before sampling, the proposer's ``capture_verification(runner, logits,
 metadata)`` runs, and after it ``finish_verification(runner, sampler_output)`` (the 2D layout's
-multi-candidate verifier rewrites its requests' rows there, ``lade2d.py``).  When the capture already
+multi-candidate verifier rewrites its requests' rows there, ``experimental/lade2d.py``).  When the capture already
 verified a greedy step from its argmax (``take_verdict()``, ``greedy_verify.py``), that output stands in
 for vLLM's rejection sampler.  It only launches an argmax
 and an asynchronous device-to-host copy (no host sync on CUDA); the result is read in ``propose()``,
