@@ -15,7 +15,7 @@ output) and the engine-wide memory of earlier outputs, cut at its estimated comm
 request id, so row reordering, preemption and ``n > 1`` are handled by id, never by row index.
 
 With ``layout="2d"`` (experimental) the proposer can instead hand vLLM LADE's whole step (G candidates +
-the Jacobi window) as the draft of an eligible request; ``lade2d`` then runs it with LADE's mask and
+the Jacobi window) as the draft of an eligible request; ``experimental.lade2d`` then runs it with LADE's mask and
 verifies it with a multi-candidate verifier (docs/lookahead.md, "The 2D layout").  A measured arbiter per
 batch size (``core.arbiter``) picks 2D, the chain or no drafts for each step.
 """
@@ -28,12 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError, LookaheadDrafter, RowStep
-from vllm_lookahead.core.arbiter import ThroughputArbiter
-from vllm_lookahead.core.config import ALIASES, LADE_LIMITS
-from vllm_lookahead.core.jit import load_kernels
-from vllm_lookahead.experimental import lade2d
-from vllm_lookahead.experimental.lade import LadeState
+from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
 
 from . import greedy_verify
 from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken
@@ -105,28 +100,20 @@ class LookaheadProposer:
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.config = LookaheadConfig.from_sources(getattr(vllm_config, "additional_config", None))
-        lade = self.config.lade
-        chain_k = min(self.k, lade.chain_max_draft or self.k) if self.config.layout == "2d" else self.k
+        two_d = self.config.layout == "2d"
+        chain_k = min(self.k, self.config.lade.chain_max_draft or self.k) if two_d else self.k
         self.drafter = LookaheadDrafter(self.config, chain_k)
         PROFILE.drafter = self.drafter
         self._runner: Any = None
         self._captured: tuple[list[str], Any, list[int]] | None = None
         self._verdict: Any = None  # a SamplerOutput made from the argmax (greedy_verify), until taken
         self._warned = False
-        # LADE's 2D layout (config layout="2d"): per-request window/pool state, the verified step
-        self.lade: dict[str, LadeState] = {}
-        self._lade_ok: bool | None = None  # None until the KV layout probe ran on the live engine
-        self._step2d: lade2d.StepPlan | None = None
-        # by (batch size, 2D possible): what pays depends on the batch size
-        self.arbiters: dict[tuple[int, bool], ThroughputArbiter] = {}
-        self._last_layout: tuple[str, tuple[int, bool], float] | None = None  # (layout, arbiter key, time)
-        if self.config.layout == "2d":
-            if lade.rows - 1 > self.k:
-                raise LookaheadConfigError(
-                    f"lookahead config: layout=2d with W={lade.window} N={lade.ngram} G={lade.candidates} "
-                    f"(+{lade.context_candidate} context tokens) needs (N-1)(W+G)-1 = {lade.rows - 1} draft "
-                    f"tokens, but num_speculative_tokens is {self.k}")
-            lade2d.install_lade2d_hooks()
+        # the experimental 2D layout (layout="2d"): its requests' state and steps
+        self.lade2d: Any = None
+        if two_d:
+            from vllm_lookahead.experimental.lade_steps import LadeSteps
+
+            self.lade2d = LadeSteps(self.config, self.k)
         logger.info("vllm-lookahead proposer: k=%d config=%s", self.k, self.config.as_dict())
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -145,7 +132,9 @@ class LookaheadProposer:
         self._runner = runner
         self._verdict = None
         if logits is None or spec_decode_metadata is None:
-            self._captured = self._step2d = None
+            self._captured = None
+            if self.lade2d is not None:
+                self.lade2d.step2d = None
             return
         import torch
 
@@ -170,8 +159,8 @@ class LookaheadProposer:
                 argmax = None  # computed for the verdict only
         elif not drafter_skips_argmax:
             argmax = logits.argmax(dim=-1)
-            if cfg.layout == "2d":
-                self._step2d = lade2d.verify_step(logits, argmax, spec_decode_metadata)
+            if self.lade2d is not None:
+                self.lade2d.capture(logits, argmax, spec_decode_metadata)
             if argmax.device.type != "cpu":
                 host = torch.empty(argmax.shape, dtype=argmax.dtype, device="cpu", pin_memory=True)
                 host.copy_(argmax, non_blocking=True)  # read in propose(), after vLLM's bookkeeping sync
@@ -186,11 +175,11 @@ class LookaheadProposer:
 
     # Called by runner_patch inside GPUModelRunner._sample, after vLLM's own sampler.
     def finish_verification(self, runner: Any, sampler_output: Any) -> None:
-        if self._step2d is None:
+        if self.lade2d is None:
             return
         t0 = time.perf_counter()
         try:
-            lade2d.apply_verification(self._step2d, sampler_output)
+            self.lade2d.finish(sampler_output)
         finally:
             PROFILE.seconds += time.perf_counter() - t0
 
@@ -217,11 +206,10 @@ class LookaheadProposer:
         captured = self._captured
         self._captured = None
         n = len(sampled_token_ids)
-        if self.config.layout != "2d":
+        if self.lade2d is None:
             return self._propose_arrays(runner, req_ids[:n], captured, sampled_token_ids, num_tokens_no_spec,
                                         token_ids_cpu)
-        step2d, self._step2d = self._step2d, None
-        ran_2d = {req.req_id: req for req in step2d.requests} if step2d is not None else {}
+        ran_2d = self.lade2d.take()
         if ran_2d and captured is not None:  # a 2D step's rows are not a chain: no chain draft was verified
             captured = (captured[0], captured[1], [0 if rid in ran_2d else nd for rid, nd in zip(captured[0], captured[2])])
         drafts = self._propose_arrays(runner, req_ids[:n], captured, sampled_token_ids, num_tokens_no_spec,
@@ -231,7 +219,7 @@ class LookaheadProposer:
         rows = [RowStep(req_ids[i], token_ids_cpu[i], num_tokens[i], list(new), 0, prompt_lens[i])
                 for i, new in enumerate(sampled_token_ids)]
         # a 2D step's rows below are a layout the verifier reads as a whole, never cut
-        self._lade_drafts(runner, rows, drafts, ran_2d)
+        self.lade2d.drafts(runner, rows, drafts, ran_2d)
         # Never more than k per row: longer drafts crash vLLM's spec-decode metrics (IndexError).
         return [d[: self.k] for d in drafts]
 
@@ -248,91 +236,9 @@ class LookaheadProposer:
         else:
             by_id = dict(zip(captured[0], captured[2]))
             verified = [by_id.get(rid, 0) for rid in req_ids]
-        self._step2d = None
         requests = runner.requests
         prompt_lens = runner.input_batch.num_prompt_tokens
         room = draft_room(requests, req_ids, np.asarray(num_tokens_no_spec[: len(req_ids)]).tolist(),
                           np.asarray(prompt_lens[: len(req_ids)]).tolist(), self.k)
         return self.drafter.step_arrays(req_ids, token_ids_cpu, num_tokens_no_spec, sampled_token_ids, verified,
                                         prompt_lens, lambda rid: isolation_key(requests.get(rid)), room)
-
-    def _lade_drafts(self, runner: Any, rows: list[RowStep], drafts: list[list[int]],
-                     ran_2d: dict[str, lade2d.FlaggedRequest]) -> None:
-        """Replace the chain drafts of eligible requests by their 2D step's rows (``lade2d``)."""
-        cfg = self.config
-        if self._lade_ok is None:
-            self._lade_ok, why = lade2d.check_engine(runner)
-            if not self._lade_ok:
-                logger.warning("vllm-lookahead: layout=2d disabled, chain layout used instead: %s", why)
-        live = {row.req_id for row in rows}
-        for rid in [r for r in self.lade if r not in live]:  # finished or preempted
-            del self.lade[rid]
-        use = bool(self._lade_ok) and len(rows) <= cfg.lade.max_batch
-        layout = self._choose_layout(rows, use)
-        if layout == "off":  # the arbiter measured that no draft pays at this batch size
-            drafts[:] = [[] for _ in drafts]
-        for i, row in enumerate(rows):
-            st = self.lade.get(row.req_id)
-            done = ran_2d.get(row.req_id)
-            if st is not None and done is not None:
-                st.absorb(done.plan, done.argmax, done.matched)
-            if layout != "2d" or not row.new_tokens:
-                continue
-            req = runner.requests.get(row.req_id)
-            sp = getattr(req, "sampling_params", None)
-            if not lade2d.eligible(sp):
-                continue
-            if st is None:
-                st = self.lade[row.req_id] = LadeState(*self._lade_shape(sp), seed=cfg.lade.seed)
-            st.observe(row.context, row.num_tokens, row.prompt_len)
-            current = int(row.context[row.num_tokens - 1])
-            plan = st.plan(current, row.num_tokens - 1, self._extra_candidates(row, current))
-            if 0 < len(plan.drafts) <= self.k:
-                lade2d.PENDING[row.req_id] = plan
-                drafts[i] = plan.drafts
-
-    def _extra_candidates(self, row: RowStep, current: int) -> list[list[int]]:
-        """2D candidates beyond LADE's pool, if configured: a confident context match (prompt lookup over the
-        request's committed tokens)."""
-        lade = self.config.lade
-        if not lade.context_candidate:
-            return []
-        toks = np.asarray(row.context[: row.num_tokens], dtype=np.int32)
-        end, length, _ = load_kernels().suffix_match_evidence(toks, row.num_tokens, self.config.min_match,
-                                                              self.config.max_match)
-        if end < 0 or length < lade.context_min_match:
-            return []
-        return [toks[end : end + lade.context_candidate].tolist()]
-
-    def _choose_layout(self, rows: list[RowStep], possible: bool) -> str:
-        """2D, chain or off for the next step (2D engines only): with lade.policy "measure" the
-        arbiter of this batch size decides, fed with the step just done; "always": 2D when possible."""
-        now = time.perf_counter()
-        last, self._last_layout = self._last_layout, None
-        if last is not None:
-            self.arbiters[last[1]].observe(last[0], sum(len(r.new_tokens) for r in rows), now - last[2])
-        if self.config.lade.policy == "always":
-            return "2d" if possible else "chain"
-        key = (len(rows), possible)
-        arbiter = self.arbiters.get(key)
-        if arbiter is None:
-            arbiter = self.arbiters[key] = ThroughputArbiter(("chain", "2d", "off") if possible else ("chain", "off"))
-        layout = arbiter.choose()
-        self._last_layout = (layout, key, now)
-        return layout
-
-    def _lade_shape(self, sampling_params: Any) -> tuple[int, int, int]:
-        """W, N, G for a request: the engine's, or smaller ones the client asked for in
-        ``SamplingParams.extra_args["lookahead"]`` -- keys W/N/G with the one meaning of
-        ``core.config.ALIASES`` (or their long names), clamped to the declared lower bound
-        (``core.config.LADE_LIMITS``) and capped at the engine's values."""
-        keys = ("window", "ngram", "candidates")
-        shape = [getattr(self.config.lade, k) for k in keys]
-        asked = (getattr(sampling_params, "extra_args", None) or {}).get("lookahead") or {}
-        if isinstance(asked, dict):
-            asked = {ALIASES.get(k, k): v for k, v in asked.items()}
-            for j, key in enumerate(keys):
-                v = asked.get(key)
-                if isinstance(v, int) and not isinstance(v, bool):
-                    shape[j] = min(max(v, int(LADE_LIMITS[key][0])), shape[j])
-        return shape[0], shape[1], shape[2]
