@@ -102,11 +102,6 @@ class SuffixMemory:
         """Stored contexts (suffix-tree nodes) that some stored output still follows, all keys."""
         return int(self._meta[0])
 
-    def key_id(self, key: Hashable) -> int:
-        """The integer an isolation key's hashes mix in (the compiled look-ups' ``kid``); -1 if nothing
-        was ever stored under ``key``."""
-        return self._kids.get(key, -1)
-
     def lookup_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
         """What a compiled look-up reads (``kernels.memory_lookup``): node keys, totals, most frequent next
         token and its count, and the depth.  Valid until the next extend (a rebuild replaces them)."""
