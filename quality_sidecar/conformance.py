@@ -292,6 +292,9 @@ class ScoringWorker(BackgroundWorker):
         params = scorable(sample)
         return params if params is None or isinstance(params, str) else (sample, params)
 
+    def sample_of(self, item: tuple[dict[str, Any], SamplerParams]) -> dict[str, Any]:
+        return item[0]
+
     def arm_of(self, item: tuple[dict[str, Any], SamplerParams]) -> str:
         return item[0]["deployment"]["arm"]
 

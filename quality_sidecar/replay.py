@@ -65,6 +65,9 @@ class ReplayWorker(BackgroundWorker):
         prompt = (sample.get("prompt") or {}).get("text") or sample.get("prompt_token_ids")
         return (sample, prompt) if prompt else "no_prompt"
 
+    def sample_of(self, item: tuple[dict[str, Any], Any]) -> dict[str, Any]:
+        return item[0]
+
     def arm_of(self, item: tuple[dict[str, Any], Any]) -> str:
         return item[0]["deployment"]["arm"]
 

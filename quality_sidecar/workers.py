@@ -10,7 +10,7 @@ the rules that keep the evidence whole, so the rules live here once:
   catches up on lag after a restart therefore scores exactly what a live one would, in the same order;
 - **retries**: a transient failure (timeout, connection refused, 429 / 5xx) is retried with
   exponential backoff; only a sample that still fails after ``RetryPolicy.attempts``, or that the
-  server rejects outright (4xx), is given up and reported to ``on_failure(item, reason)``, counted per
+  server rejects outright (4xx), is given up and reported to ``on_failure(sample, reason)``, counted per
   ``(arm, reason)`` in ``failures``;
 - ``up`` goes False after ``RetryPolicy.down_after`` failed attempts in a row (the service turns it
   into ``/readyz`` 503 and ``quality_sidecar_baseline_up 0``) and True at the next success;
@@ -89,7 +89,7 @@ class BackgroundWorker:
     ``prepare(sample)`` returns the work item, or a string naming why the sample cannot be worked on
     (counted as ``skipped_<reason>``), or ``None`` for "not eligible" (not counted).  ``handle`` raises
     ``WorkFailed`` for a classified failure; any other exception is a non-transient ``error``.
-    ``on_failure(item, reason)``, if set, hears of every sample given up.
+    ``on_failure(sample, reason)``, if set, hears of every sample given up (``sample_of(item)``).
     """
 
     thread_name = "sidecar-worker"
@@ -116,6 +116,10 @@ class BackgroundWorker:
 
     def handle(self, item: Any) -> None:
         raise NotImplementedError
+
+    def sample_of(self, item: Any) -> Any:
+        """The sample a work item was prepared from (subclasses whose items wrap it override this)."""
+        return item
 
     def arm_of(self, item: Any) -> str:
         return "unknown"
@@ -192,7 +196,7 @@ class BackgroundWorker:
         self.failures[key] = self.failures.get(key, 0) + 1
         log.warning("%s gave up a sample (%s): %s", self.thread_name, err.reason, err)
         if self.on_failure is not None:
-            self.on_failure(item, err.reason)
+            self.on_failure(self.sample_of(item), err.reason)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -164,6 +164,35 @@ def test_out_of_vocabulary_tokens_are_impossible(toy: ToyServer, tmp_path: Path)
     assert toy.requests == 0  # judged without asking the server (it would refuse the ids)
 
 
+def test_a_sample_the_server_refuses_is_counted_and_released(toy: ToyServer, tmp_path: Path) -> None:
+    """Without ``vocab_size`` the server is asked and refuses the ids (400): the sample is given up,
+    counted per arm and reason, counted as an impossible ``vocab`` token, and no longer pending, so the
+    offsets reach the end of the file.  A 404 (unknown model name) is given up the same way."""
+    rng = np.random.default_rng(7)
+    bad = [sample(rng, NUCLEUS, arm="candidate") for _ in range(3)]
+    bad[0]["output"]["token_ids"][2] = V + 3
+    bad[1]["model"] = "not-served"
+    toy.unknown_models = {"not-served"}
+    src = write_jsonl(tmp_path / "s.jsonl", bad)
+    svc = _service(src, toy.url, tmp_path, impossible_floor_per_token=0.0, vocab_size=None)
+    port, seen = svc.http.port, {}
+    orig = svc.close
+
+    def close() -> None:
+        seen["metrics"] = scrape(port)
+        orig()
+
+    svc.close = close
+    assert svc.run() == 0
+    m = seen["metrics"]
+    assert metric_sum(m, "quality_sidecar_baseline_failed_samples_total", reason="rejected_token_ids") == 1
+    assert metric_sum(m, "quality_sidecar_baseline_failed_samples_total", reason="rejected") == 1
+    assert metric_sum(m, "quality_sidecar_conformance_scored_samples_total") == 1
+    assert metric_sum(m, "quality_sidecar_impossible_tokens_total", reason="vocab") == 1
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["offsets"][0][2] == 3 and state["pipeline"]["pending"] == {}
+
+
 def test_samples_that_cannot_be_judged_are_left_out_and_counted() -> None:
     rng = np.random.default_rng(6)
     s = sample(rng, NUCLEUS)

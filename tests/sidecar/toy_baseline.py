@@ -69,6 +69,7 @@ class ToyServer:
     def __init__(self) -> None:
         self.delay_s, self.fail_first, self.down, self.max_logprobs = 0.0, False, False, 20
         self.asked_k: list[int] = []
+        self.unknown_models: set[str] = set()  # answered 404, as vLLM answers a model it does not serve
         self.requests = 0
         self.tried: set[tuple[int, ...]] = set()
         outer = self
@@ -82,6 +83,9 @@ class ToyServer:
                 if outer.down or (outer.fail_first and seq not in outer.tried):
                     outer.tried.add(seq)
                     self._send(503, {"error": "overloaded"})
+                    return
+                if body.get("model") in outer.unknown_models:
+                    self._send(404, {"error": {"message": f"The model `{body['model']}` does not exist."}})
                     return
                 if any(t >= V or t < 0 for t in seq):
                     self._send(400, {"error": {"message": f"Token id {max(seq)} is out of vocabulary"}})
