@@ -236,9 +236,12 @@ def draft_positions(sample: dict[str, Any]) -> np.ndarray | None:
     drafts ``A``, then the recovered ``R`` or bonus ``B`` token).  None without a usable mask."""
     mask = (sample.get("spec") or {}).get("draft_mask")
     n = len((sample.get("output") or {}).get("token_ids") or [])
-    if not mask or len(mask) != n:
-        return None
-    out = np.zeros(n, np.int64)
+    return mask_positions(mask) if mask and len(mask) == n else None
+
+
+def mask_positions(mask: str) -> np.ndarray:
+    """Draft position of every token of a draft mask (see ``draft_positions``)."""
+    out = np.zeros(len(mask), np.int64)
     run = 0
     for i, c in enumerate(mask):
         if c == ".":

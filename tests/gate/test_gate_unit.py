@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -324,6 +325,36 @@ def test_sampled_criterion_judges_pit_and_likelihood_shift(pit_power: float, shi
     cand.sampled.scores = None  # samples that were never scored cannot pass
     res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0"])
     assert res["failed"] == ["sampled"] and "not scored" in res["criteria"][4]["detail"]
+
+
+@pytest.mark.parametrize("late_shift, verdict", [(0.0, "PASS"), (0.3, "FAIL")])
+def test_a_fault_deep_in_the_drafts_fails_on_its_own_test(late_shift: float, verdict: str) -> None:
+    """The excess of the candidate's tokens at draft position >= 2 is tested on its own: a shift
+    there FAILs the sampled criterion even when every other statistic looks exact."""
+    pol = load_policy()
+    texts, ids = ["ok\n"] * 40, [[i, 1, 2, 3] for i in range(40)]
+    base, cand = _arms(texts, ids)
+    base.sampled, cand.sampled = _sampled_run("b", 1.0, 0.0, 1), _sampled_run("c", 1.0, 0.0, 2)
+    rng = np.random.default_rng(3)
+    for x in cand.sampled.scores:
+        x["late_excess"] = [float(rng.normal(late_shift * 10, math.sqrt(10))), 10.0, 10]
+    res = analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]), ["i0"])
+    assert res["verdict"] == verdict, res["criteria"]
+    late = res["sampled"]["conformance"]["excess_late_draft"]
+    assert late["tokens"] == 1600 and abs(late["nats_per_token"] - late_shift) < 0.1
+    assert "excess_late_draft_z" in res["sampled"]["p_adjusted"]
+    assert "draft positions >= 2" in "\n".join(_sampled_table(res))
+    for x in cand.sampled.scores:  # no speculation (or no mask): no such test, no multiple-testing cost
+        del x["late_excess"]
+    assert "excess_late_draft_z" not in analyse(_items(), base, cand, pol, load_classifiers(["degenerate"]),
+                                                ["i0"])["sampled"]["p_adjusted"]
+
+
+def test_a_records_draft_positions_come_from_its_step_lists() -> None:
+    rec = RequestRecord("i", 0, [5] * 8, "", "length", 3, per_step_drafted=[0, 3, 2, 0], per_step_accepted=[0, 2, 2, 0])
+    assert rec.draft_positions.tolist() == [0, 1, 2, 3, 1, 2, 3, 0]
+    rec.per_step_drafted, rec.per_step_accepted = [3, 2], [2, 2]  # steps without drafts missing: no positions
+    assert rec.draft_positions is None
 
 
 # ---------------------------------------------------------------- CLI usage errors (exit 2)

@@ -145,7 +145,9 @@ def _conformance(run: RunResult) -> dict[str, Any]:
                          "excess_nats_per_token": ex.statistic, "excess_p": ex.pvalue,
                          "out_of_support": int(sum(x["out_of_support"] for x in part))})
     lps = [x["mean_logprob"] for x in sc if x["mean_logprob"] is not None and np.isfinite(x["mean_logprob"])]
+    late = [x["late_excess"] for x in sc if "late_excess" in x]
     return {"excess": excess_totals(x.get("excess") for x in sc), "n_samples": len(sc),
+            "late_excess": excess_totals(late) if late else None,
             "n_tokens": int(sum(x["n_tokens"] for x in sc)),
             "mean_token_logprob": float(np.mean(lps)) if lps else None,
             "mean_pit": float(pit.mean()) if len(pit) else None,
@@ -168,7 +170,12 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
     """T>0 comparison: surface features (length, stop/pass/flag rates) plus the likelihood tests
     (excess log-prob and PIT of the candidate's samples, likelihood shift candidate - baseline), all
     adjusted together."""
-    from quality_sidecar.detectors.conformance import excess_test, likelihood_shift, pit_test
+    from quality_sidecar.detectors.conformance import (
+        EXCESS_MIN_TOKENS,
+        excess_test,
+        likelihood_shift,
+        pit_test,
+    )
     from quality_sidecar.detectors.twosample import length_test
 
     tests: dict[str, float] = {}
@@ -208,6 +215,15 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
         tests["pit_candidate_ad"] = pit_c.pvalue
         tests["excess_candidate_z"] = ex_c.pvalue
         tests["likelihood_shift"] = sh.pvalue
+        # a verifier wrong only deep in a draft: the excess of the tokens at draft position >= 2 alone
+        # (a token's draft position is fixed before it is drawn, so under exact sampling the selected
+        # scores keep mean 0); only for a speculative candidate with such tokens
+        late = cc["late_excess"]
+        if late is not None and late[2] >= EXCESS_MIN_TOKENS:
+            ex_l = excess_test(*late, name="excess_late_draft")
+            tests["excess_late_draft_z"] = ex_l.pvalue
+            conf["excess_late_draft"] = {"nats_per_token": ex_l.statistic, "p_value": ex_l.pvalue,
+                                         "tokens": int(late[2]), "detail": ex_l.detail}
         conf.update({
             "mean_token_logprob": {"baseline": bc["mean_token_logprob"], "candidate": cc["mean_token_logprob"]},
             "tokens": {"baseline": bc["n_tokens"], "candidate": cc["n_tokens"]},

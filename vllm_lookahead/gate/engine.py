@@ -32,6 +32,19 @@ from vllm_lookahead.gate.profiles import SamplingProfile, profile_of
 class RequestRecord:
     """One finished request (one item, one sample)."""
 
+    @property
+    def draft_positions(self) -> Any:
+        """Per output token its draft position (0: a step without a draft; see
+        ``telemetry.record.draft_mask``), or None where the step lists do not cover the output."""
+        from vllm_lookahead.telemetry.record import draft_mask
+
+        mask = draft_mask(self, len(self.token_ids))
+        if mask is None:
+            return None
+        from quality_sidecar.conformance import mask_positions
+
+        return mask_positions(mask)
+
     item_id: str
     sample: int
     token_ids: list[int]
@@ -43,7 +56,7 @@ class RequestRecord:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
-    per_step_drafted: list[int] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)  # steps without a draft included (spec_steps)
     per_step_accepted: list[int] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)  # T>0 scoring re-feeds prompt + output
     latency_s: float | None = None  # HTTP engine: request wall time (no TTFT without streaming)
@@ -133,6 +146,10 @@ class GateEngine:
         from vllm_lookahead.vllm.fixes import apply_tool_fixes, fix_cpu_expand_if_broken
 
         apply_tool_fixes()  # before: a second in-process engine (rebind scan fix, if the probe needs it)
+        if self.spec.speculative:  # the scheduler runs here: steps without drafts in the step lists
+            from vllm_lookahead.vllm.spec_steps import install
+
+            install()
         self.llm = LLM(**kwargs)
         fix_cpu_expand_if_broken()  # every arm samples at T>0: vLLM's CPU expand kernel, if broken
         return self

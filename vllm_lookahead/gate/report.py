@@ -62,6 +62,10 @@ def _sampled_table(result: dict[str, Any]) -> list[str]:
             f"| impossible (out-of-support) tokens | {oos['baseline']}{reasons('baseline')} | "
             f"{oos['candidate']}{reasons('candidate')} |",
             f"| scoring time (s) | {_fmt(sc['baseline'])} | {_fmt(sc['candidate'])} |"]
+    late = conf.get("excess_late_draft")
+    if late:
+        rows.append(f"| excess at draft positions >= 2, nats/token (p; {late['tokens']} tokens) | - | "
+                    f"{_fmt(late['nats_per_token'])} ({_fmt(late['p_value'])}) |")
     for pb, pc in zip(*((conf.get("profiles") or {}).get(a, []) for a in ("baseline", "candidate"))):
         rows.append(f"| excess, nats/token (p) at {pb['profile']} | {_fmt(pb['excess_nats_per_token'])} "
                     f"({_fmt(pb['excess_p'])}) | {_fmt(pc['excess_nats_per_token'])} ({_fmt(pc['excess_p'])}) |")
