@@ -9,4 +9,5 @@ cd "$ROOT"
 scripts/setup.sh
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
+.venv/bin/lint-imports --no-cache --no-logo  # import contracts: pyproject.toml [tool.importlinter]
 exec .venv/bin/python -m pytest -p no:cacheprovider --timeout=1800 "$@"

@@ -432,9 +432,14 @@ def plot(results: list[dict[str, Any]], reference: list[dict[str, Any]] | None, 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from vllm_lookahead.devtools.paths import demo_model_dir
-
-    model = args.model or str(demo_model_dir())
+    model = args.model
+    if model is None:
+        try:  # the demo model lives in a source checkout (devtools is not in the wheel)
+            from vllm_lookahead.devtools.paths import demo_model_dir
+        except ImportError:
+            print("vllm-lookahead bench: --model is required outside a source checkout", file=sys.stderr)
+            return 2
+        model = str(demo_model_dir())
     try:
         specs = _split_specs(args.methods)
         for s in specs:

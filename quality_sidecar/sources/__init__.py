@@ -8,20 +8,7 @@ window (see service.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass
-class Record:
-    value: bytes
-    key: bytes | None
-    topic: str
-    partition: int
-    offset: int
-
-    @property
-    def where(self) -> dict:
-        return {"topic": self.topic, "partition": self.partition, "offset": self.offset}
+from .record import Record
 
 
 def open_source(url: str, group: str = "quality-sidecar", **kw):

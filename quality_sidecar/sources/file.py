@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import Record
+from .record import Record
 
 
 class FileSource:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..sinks.kafka_common import kafka_auth, parse_kafka_url
-from . import Record
+from .record import Record
 
 HW_HISTORY = 10_000  # (end offset, time) observations kept per partition: ~2.8 h of lag at 1 s checkpoints
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vllm_lookahead.gate.engine import RunResult
+if TYPE_CHECKING:  # engine imports this module (score_runs): a runtime import would be a cycle
+    from vllm_lookahead.gate.engine import RunResult
 
 
 def score_runs(llm: Any, runs: list[RunResult], *, chunk: int = 64, seed: int = 0) -> float:
