@@ -157,8 +157,15 @@ DECLARING_MODULES = (
 )
 
 
+TEST_ONLY_MODULES = ("vllm_lookahead.vllm.fault_patches",)  # left out of the wheel (setup.py)
+
+
 def load_all() -> dict[str, Patch]:
     """Import every declaring module (declaring applies nothing) and return the full registry."""
     for module in DECLARING_MODULES:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if module not in TEST_ONLY_MODULES or e.name != module:
+                raise  # the test-only fault patches are not in the wheel; anything else missing is a bug
     return PATCHES
