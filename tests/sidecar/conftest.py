@@ -29,6 +29,19 @@ def scrape(port: int) -> str:
         return r.read().decode()
 
 
+def run_and_scrape(svc) -> str:
+    """Run a ``Service`` to its end and return its /metrics text as it was just before it closed."""
+    port, seen, orig = svc.http.port, {}, svc.close
+
+    def close() -> None:
+        seen["metrics"] = scrape(port)
+        orig()
+
+    svc.close = close
+    assert svc.run() == 0
+    return seen["metrics"]
+
+
 def metric_sum(text: str, name: str, **labels) -> float:
     total = 0.0
     for line in text.splitlines():

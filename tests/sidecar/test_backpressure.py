@@ -17,7 +17,7 @@ from quality_sidecar.conformance import scorable
 from quality_sidecar.detectors.conformance import ImpossibleTokenChart, SamplerParams
 from quality_sidecar.service import Service, ServiceConfig
 
-from .conftest import metric_sum, scrape, write_jsonl
+from .conftest import metric_sum, run_and_scrape, scrape, write_jsonl
 from .toy_baseline import ToyServer, V, sample
 
 pytestmark = pytest.mark.unit
@@ -61,17 +61,8 @@ def test_a_backlog_read_at_full_speed_is_scored_whole(toy: ToyServer, tmp_path: 
     samples = _stream(200, seed=1)
     src = write_jsonl(tmp_path / "s.jsonl", samples)
     svc = _service(src, toy.url, tmp_path, retries=3)
-    port, seen = svc.http.port, {}
-    orig = svc.close
-
-    def close() -> None:
-        seen["metrics"] = scrape(port)
-        orig()
-
-    svc.close = close
     svc.scorer.retry = type(svc.scorer.retry)(attempts=3, backoff_s=0.001)
-    assert svc.run() == 0
-    m = seen["metrics"]
+    m = run_and_scrape(svc)
     for arm in ("baseline", "candidate"):
         sel = metric_sum(m, "quality_sidecar_conformance_selected_samples_total", arm=arm)
         assert sel == 100 and metric_sum(m, "quality_sidecar_conformance_scored_samples_total", arm=arm) == sel
@@ -175,16 +166,7 @@ def test_a_sample_the_server_refuses_is_counted_and_released(toy: ToyServer, tmp
     toy.unknown_models = {"not-served"}
     src = write_jsonl(tmp_path / "s.jsonl", bad)
     svc = _service(src, toy.url, tmp_path, impossible_floor_per_token=0.0, vocab_size=None)
-    port, seen = svc.http.port, {}
-    orig = svc.close
-
-    def close() -> None:
-        seen["metrics"] = scrape(port)
-        orig()
-
-    svc.close = close
-    assert svc.run() == 0
-    m = seen["metrics"]
+    m = run_and_scrape(svc)
     assert metric_sum(m, "quality_sidecar_baseline_failed_samples_total", reason="rejected_token_ids") == 1
     assert metric_sum(m, "quality_sidecar_baseline_failed_samples_total", reason="rejected") == 1
     assert metric_sum(m, "quality_sidecar_conformance_scored_samples_total") == 1

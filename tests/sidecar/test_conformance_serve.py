@@ -24,7 +24,7 @@ from quality_sidecar.service import Service, ServiceConfig
 from vllm_lookahead.devtools.vllm_server import VllmServer
 from vllm_lookahead.prompts import load_heldout_prompts
 
-from .conftest import metric_sum, scrape, write_jsonl
+from .conftest import metric_sum, run_and_scrape, scrape, write_jsonl
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 VOCAB = 4096
@@ -105,18 +105,7 @@ def test_sidecar_alarms_on_the_sharper_sampler_only(server, streams, tmp_path: P
     cfg = ServiceConfig.from_dict({"source": f"file://{src}", "alerts": f"file://{alerts}", "progress": False,
                                    "baseline_url": server.url, "replay_fraction": 0.0,
                                    "conformance": {"fraction": 1.0}})
-    svc = Service(cfg, http_port=0)
-    port = svc.http.port
-    metrics_during = {}
-
-    orig_close = svc.close
-
-    def close_after_scrape() -> None:
-        metrics_during["text"] = scrape(port)
-        orig_close()
-
-    svc.close = close_after_scrape
-    assert svc.run() == 0
+    text = run_and_scrape(Service(cfg, http_port=0))
     events = [json.loads(x) for x in alerts.read_text().splitlines()] if alerts.exists() else []
     conf = [e for e in events if e["detector"] == "sampling_conformance"]
     assert [e["arm"] for e in conf] == ["candidate"], events
@@ -125,7 +114,6 @@ def test_sidecar_alarms_on_the_sharper_sampler_only(server, streams, tmp_path: P
     assert "sharper" in e["detail"]["direction"] and e["detail"]["chart"] in ("pit", "excess")
     assert e["detail"]["mean_excess_nats_per_token"] > 0.05
     assert e["detail"]["logprob_shift_nats_per_token"] > 0.1  # sharper sampling = more likely tokens
-    text = metrics_during["text"]
     assert metric_sum(text, "quality_sidecar_conformance_monitored") == 1
     # every selected sample is scored, on a loaded machine too: slow answers are retried, never dropped
     for arm in ("baseline", "candidate"):
