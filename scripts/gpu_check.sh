@@ -26,7 +26,7 @@ cd "$ROOT"
 ARGS="$*"
 SMOKE=0
 MODEL=""
-K=4            # the k every benchmark in benchmarks/results measured (README: lookahead k=4)
+K=4            # default k of this check (README's table and example use k=8: pass --k 8 to match)
 OUT="benchmarks/results"
 PY="${PYTHON:-.venv/bin/python}"
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -61,7 +61,7 @@ else
   fi
   N=64; TOKENS=128; BATCHES="1,8,32"; REPEATS=3; LIMIT=180  # step 1: 3 min, step 2: 4.5 min
   ISO=()                     # every method in a fresh process (the bench default)
-  ATTN=(--attention-backend FLEX_ATTENTION)  # the 2D layout's CUDA path (flex_mask.py)
+  ATTN=(--attention-backend FLEX_ATTENTION)  # the 2D layout's CUDA path (experimental/flex_mask.py)
   PREFIX="gpu_check"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
