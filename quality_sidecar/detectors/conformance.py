@@ -108,6 +108,9 @@ class SamplerParams:
         return self.top_k <= 0 and self.top_p >= 1.0 and self.min_p <= 0.0
 
 
+LATE_DRAFT_POSITION = 2  # tokens from here on in a verification step feed the late-draft-position tests
+
+
 @dataclass
 class SequenceScore:
     """One sampled output scored under the baseline model.
@@ -130,9 +133,13 @@ class SequenceScore:
     oos_reasons: dict[str, int] = field(default_factory=dict)  # IMPOSSIBLE_REASONS -> tokens
     kept: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # token index of each pit/excess entry
 
-    def excess_where(self, token_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(excess, excess_var) of the scored tokens selected by a per-token boolean mask."""
-        sel = np.asarray(token_mask, bool)[self.kept] if len(self.kept) else np.zeros(0, bool)
+    def late_draft_excess(self, positions: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """(excess, excess_var) of the scored tokens at draft position >= ``LATE_DRAFT_POSITION``, given
+        every output token's draft position; None without positions for exactly these tokens.  The
+        sidecar's late-position chart and the gate's late-position test both select with this."""
+        if positions is None or len(positions) != self.n_tokens:
+            return None
+        sel = (np.asarray(positions) >= LATE_DRAFT_POSITION)[self.kept] if len(self.kept) else np.zeros(0, bool)
         return self.excess[sel], self.excess_var[sel]
 
     @property
@@ -751,7 +758,6 @@ class ConformanceChart:
     (fewer) tokens: the three together stay under 2 false alarms per ``ert_tokens`` tokens.
     """
 
-    LATE_POSITION = 2
 
     def __init__(self, name: str = "sampling_conformance", ert_tokens: float = 1e9, shift: float = 0.04,
                  restart_after_alarm: bool = False):
@@ -815,9 +821,8 @@ class ConformanceChart:
         was = self.alarm_
         rp = self.pit.update([sc.pit for sc in scores])
         rx = self.excess.update([(sc.excess, sc.excess_var) for sc in scores])
-        late = [sc.excess_where(pos >= self.LATE_POSITION) for sc, pos in zip(scores, positions or [None] * len(scores))
-                if pos is not None and len(pos) == sc.n_tokens]
-        rl = self.late.update(late)
+        late = [sc.late_draft_excess(pos) for sc, pos in zip(scores, positions or [None] * len(scores))]
+        rl = self.late.update([x for x in late if x is not None])
         named = {"pit": rp, "excess": rx, "late_draft_positions": rl}
         charts = {"pit": self.pit, "excess": self.excess, "late_draft_positions": self.late}
         first = min((k for k, x in named.items() if x.alarm_index is not None), key=lambda k: named[k].alarm_index,

@@ -117,16 +117,13 @@ def empty_score(item_id: str, sample: int) -> dict[str, Any]:
             "out_of_support": 0, "oos_reasons": {}, "skipped": 0, "excess": [0.0, 0.0, 0]}
 
 
-LATE_DRAFT_POSITION = 2  # the excess of tokens at draft positions >= 2 is tested on its own (analysis)
-
-
 def score_dict(item_id: str, sample: int, sc: Any, positions: Any = None) -> dict[str, Any]:
     """A ``SequenceScore`` as the JSON-safe dict a run keeps per record (in-process and endpoint mode);
     with the record's draft positions also the excess sums of its late draft tokens (``late_excess``)."""
     out = {"item_id": item_id, "sample": sample, "n_tokens": sc.n_tokens, "mean_logprob": sc.mean_logprob,
            "pit": [float(x) for x in sc.pit], "out_of_support": int(sc.out_of_support),
            "oos_reasons": dict(sc.oos_reasons), "skipped": int(sc.skipped), "excess": sc.excess_sums()}
-    if positions is not None and len(positions) == sc.n_tokens:
-        ex, var = sc.excess_where(positions >= LATE_DRAFT_POSITION)
-        out["late_excess"] = [float(ex.sum()), float(var.sum()), int(len(ex))]
+    late = sc.late_draft_excess(positions)
+    if late is not None:
+        out["late_excess"] = [float(late[0].sum()), float(late[1].sum()), int(len(late[0]))]
     return out
