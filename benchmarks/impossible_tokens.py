@@ -42,8 +42,8 @@ DEFAULT_ARMS = [
 def first_alarms(cand: list[dict], base: list[dict], fraction: float, n_streams: int, seed: int) -> dict[str, Any]:
     """Candidate samples (in the stream, before the ``fraction`` selection) to the first alarm of a
     fresh ``ImpossibleTokenChart`` fed the selected samples of a 1:1 baseline/candidate stream."""
-    from quality_sidecar.conformance import IMPOSSIBLE_ALPHA, ConformanceConfig
-    from quality_sidecar.detectors.conformance import ImpossibleTokenChart
+    from quality_sidecar.baseline_scoring import IMPOSSIBLE_ALPHA, ConformanceConfig
+    from quality_sidecar.detectors.likelihood import ImpossibleTokenChart
 
     floor = ConformanceConfig().impossible_floor_per_token
     rng = np.random.default_rng(seed)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from sidecar_conformance import generate, parse_arm, score
 
-    from quality_sidecar.detectors.conformance import SamplerParams, score_topk
+    from quality_sidecar.detectors.likelihood import SamplerParams, score_topk
     from vllm_lookahead.devtools.paths import demo_model_dir
     from vllm_lookahead.prompts import load_heldout_prompts
 

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shift", default="0.03,0.035,0.04,0.05", help="comma-separated chart shifts")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
-    from quality_sidecar.detectors.conformance import _gauss_threshold
+    from quality_sidecar.detectors.likelihood import _gauss_threshold
 
     points, tok_per_sample, files = [], [], []
     for f in sorted(RESULTS.glob("sidecar_conformance*.json")):

@@ -36,14 +36,14 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
     import numpy as np
     from tqdm import tqdm
 
-    from .conformance import (
+    from .baseline_scoring import (
         IMPOSSIBLE_ALPHA,
         ConformanceConfig,
         LogprobClient,
         scorable,
         score_sample,
     )
-    from .detectors.conformance import (
+    from .detectors.likelihood import (
         ImpossibleTokenChart,
         excess_test,
         likelihood_shift_test,

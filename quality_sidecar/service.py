@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .baseline_scoring import ConformanceConfig, ConformanceMonitor, draft_positions
 from .classifiers import classify_batch, default_classifiers
 from .classifiers.format import FormatClassifier
-from .conformance import ConformanceConfig, ConformanceMonitor, draft_positions
 from .detectors.base import to_jsonable
 from .detectors.embedders import make_embedder
 from .detectors.repeats import RepeatChart, repeat_keys
@@ -574,7 +574,7 @@ class Service:
         self._reported: dict[tuple[str, ...], int] = {}
         self.metrics.conformance_monitored.set(1 if cfg.baseline_url and cfg.conformance.fraction > 0 else 0)
         if cfg.baseline_url and cfg.conformance.fraction > 0:
-            from .conformance import LogprobClient, ScoringWorker
+            from .baseline_scoring import LogprobClient, ScoringWorker
 
             cc = cfg.conformance
             self.scorer = ScoringWorker(LogprobClient(cfg.baseline_url, top_logprobs=cc.top_logprobs,

@@ -1,6 +1,6 @@
 """One background-worker shape for everything the sidecar asks a baseline server.
 
-Both the T=0 replay (``replay.py``) and the T>0 conformance scorer (``conformance.py``) take a sampled
+Both the T=0 replay (``replay.py``) and the T>0 conformance scorer (``baseline_scoring.py``) take a sampled
 fraction of samples off the consumer loop, call a remote server, and hand the result on.  They share
 the rules that keep the evidence whole, so the rules live here once:
 

@@ -66,7 +66,7 @@ class Metrics:
         self.exact = Gauge("quality_sidecar_exact_match_rate", "T=0 paired exact-match rate", ["model"], registry=r)
         self.acceptance = Gauge("quality_sidecar_acceptance_rate", "Mean draft acceptance over the last window",
                                 ["model", "arm"], registry=r)
-        # T>0 sampling conformance (quality_sidecar/conformance.py): scored under the baseline server
+        # T>0 sampling conformance (quality_sidecar/baseline_scoring.py): scored under the baseline server
         self.conformance_monitored = Gauge(
             "quality_sidecar_conformance_monitored",
             "1 when T>0 outputs are scored under a baseline server (--baseline-url), 0 when T>0 conformance "

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quality_sidecar.conformance import scorable
-from quality_sidecar.detectors.conformance import ImpossibleTokenChart, SamplerParams
+from quality_sidecar.baseline_scoring import scorable
+from quality_sidecar.detectors.likelihood import ImpossibleTokenChart, SamplerParams
 from quality_sidecar.service import Service, ServiceConfig
 
 from .conftest import metric_sum, run_and_scrape, scrape, write_jsonl
@@ -264,7 +264,7 @@ def test_a_top_k_above_k_is_checked_as_far_as_the_server_allows(toy: ToyServer, 
     (allowed) and one ranked past 40 (impossible) can be told apart.  A server whose --max-logprobs is
     lower refuses (vLLM's 400); the scorer then asks for its maximum, remembers it, and top-k faults
     past it stay unprovable (as documented), while exact samples still score."""
-    from quality_sidecar.conformance import ConformanceConfig, LogprobClient, score_sample
+    from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient, score_sample
 
     toy.max_logprobs = server_max
     params = SamplerParams(1.0, top_k=40)

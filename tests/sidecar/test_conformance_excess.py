@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from quality_sidecar.detectors.conformance import (
+from quality_sidecar.detectors.likelihood import (
     EXCESS_MIN_TOKENS,
     ConformanceChart,
     ExcessCusum,
@@ -201,7 +201,7 @@ def _masked_stream(rng: np.random.Generator, n_samples: int, late_factor: float 
     number of accepted drafts, at most 4, then a recovered or bonus token: acceptance as at T>0, where
     few tokens sit deep in a draft); tokens at draft position >= 2 are drawn at temperature
     ``late_factor``, the others exactly.  Returns (scores, per-token draft positions, masks)."""
-    from quality_sidecar.conformance import draft_positions
+    from quality_sidecar.baseline_scoring import draft_positions
 
     pool = _rows(rng, 6000)
     ids, lps = _topk(pool, 20)
@@ -223,7 +223,7 @@ def _masked_stream(rng: np.random.Generator, n_samples: int, late_factor: float 
 
 
 def test_draft_positions_from_the_mask() -> None:
-    from quality_sidecar.conformance import draft_positions
+    from quality_sidecar.baseline_scoring import draft_positions
 
     smp = {"spec": {"draft_mask": ".AARAAB.R"}, "output": {"token_ids": list(range(9))}}
     assert draft_positions(smp).tolist() == [0, 1, 2, 3, 1, 2, 3, 0, 1]

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import requests
 
-from quality_sidecar.conformance import ConformanceConfig, LogprobClient
-from quality_sidecar.detectors.conformance import SamplerParams, pit_test, score_topk
+from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient
+from quality_sidecar.detectors.likelihood import SamplerParams, pit_test, score_topk
 from quality_sidecar.service import Service, ServiceConfig
 from vllm_lookahead.devtools.vllm_server import VllmServer
 from vllm_lookahead.prompts import load_heldout_prompts

@@ -40,7 +40,7 @@ def token_position_pvalue(a: list[list[int]], b: list[list[int]], pos: int) -> f
 
 def sample_run(name: str, outs, temperature: float, seed: int = 0):
     """vLLM ``RequestOutput``s of T>0 samples as a gate ``RunResult`` (one record per sample), ready for
-    ``gate.conformance.score_runs``, which judges them under plain sampling at ``temperature`` (the
+    ``gate.inprocess_scoring.score_runs``, which judges them under plain sampling at ``temperature`` (the
     sampler the samples claim, whatever drew them)."""
     from vllm_lookahead.gate.engine import RequestRecord, RunResult
 
@@ -53,7 +53,7 @@ def sample_run(name: str, outs, temperature: float, seed: int = 0):
 def likelihood_pvalues(run) -> dict[str, float]:
     """One-sample tests of a scored run under the model: Anderson-Darling p of the randomized PIT at
     each token position (``pit_pos<j>``) and the excess log-prob test's p over all tokens (``excess``)."""
-    from quality_sidecar.detectors.conformance import excess_test, excess_totals, pit_test
+    from quality_sidecar.detectors.likelihood import excess_test, excess_totals, pit_test
 
     by_pos: dict[int, list[float]] = {}
     for sc in run.scores:

@@ -120,7 +120,7 @@ def test_greedy_identical_under_preemption(engine_factory):
 def test_sampling_distribution_unchanged(engine_factory):
     """T=1: lookahead's samples follow the model's own distribution, token by token.  500 samples of one
     prompt (5 tokens each) are scored under the model without speculation (the release gate's scorer,
-    ``gate.conformance.score_runs``): the randomized PIT of the tokens at positions 1-4 (position 0 comes
+    ``gate.inprocess_scoring.score_runs``): the randomized PIT of the tokens at positions 1-4 (position 0 comes
     from prefill, before any draft) must be uniform (Anderson-Darling per position) and the excess
     log-prob (sampled token's log-prob minus its expectation under the sampler's distribution) must
     have mean 0 -- both exact nulls under correct sampling, Bonferroni over the 5 tests at 0.01.
@@ -136,7 +136,7 @@ def test_sampling_distribution_unchanged(engine_factory):
     a draft temperature x0.9 (T>0-only fault) on the excess test at p = 6e-6."""
     from vllm import SamplingParams
 
-    from vllm_lookahead.gate.conformance import score_runs
+    from vllm_lookahead.gate.inprocess_scoring import score_runs
 
     prompt = "    def test_repeat(self):\n        self.assertEqual(x, 1)\n        self.assertEqual(y, 2)\n        self.assertEqual("
     n = 500

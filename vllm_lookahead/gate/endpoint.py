@@ -9,7 +9,7 @@ are shared.
 What the endpoint must offer (vLLM's OpenAI server does; a plain OpenAI server does not):
 ``return_token_ids`` (the gate compares token ids, not text) and, for the T>0 check, ``prompt_logprobs``
 (or ``echo`` + ``logprobs`` with ``return_tokens_as_token_ids``) on the *baseline* server, which scores
-both arms' samples (``quality_sidecar.conformance.LogprobClient``).  Sampling parameters that vLLM
+both arms' samples (``quality_sidecar.baseline_scoring.LogprobClient``).  Sampling parameters that vLLM
 would otherwise take from the model's ``generation_config.json`` (top-k, top-p, min-p, repetition
 penalty) are sent explicitly, so both arms sample from exactly the declared distribution.
 
@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from quality_sidecar.workers import WorkFailed
-from vllm_lookahead.gate.conformance import empty_score, score_dict
 from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunResult
 from vllm_lookahead.gate.evalset import EvalItem
+from vllm_lookahead.gate.inprocess_scoring import empty_score, score_dict
 from vllm_lookahead.gate.profiles import SamplingProfile, profile_of
 
 PROBE_PROMPT = "def add(a, b):\n    return"
@@ -274,10 +274,10 @@ class HttpEngine:
 
 
 class _RetryingLogprobClient:
-    """``quality_sidecar.conformance.LogprobClient`` whose POSTs go through the gate's retrying client."""
+    """``quality_sidecar.baseline_scoring.LogprobClient`` whose POSTs go through the gate's retrying client."""
 
     def __new__(cls, client: EndpointClient) -> Any:
-        from quality_sidecar.conformance import LogprobClient
+        from quality_sidecar.baseline_scoring import LogprobClient
 
         class _Client(LogprobClient):
             def _post(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -290,7 +290,7 @@ class _RetryingLogprobClient:
 class HttpScorer:
     """Score T>0 samples of both arms under the *baseline endpoint*: its top-K log-probs of every
     output position (``LogprobClient``), turned into PIT values and token log-probs by
-    ``score_topk`` -- exact by coarsening, see ``quality_sidecar.detectors.conformance``."""
+    ``score_topk`` -- exact by coarsening, see ``quality_sidecar.detectors.likelihood``."""
 
     def __init__(self, client: EndpointClient, seed: int = 0, concurrency: int = 8):
         self.client, self.seed, self.concurrency = client, seed, concurrency
@@ -308,7 +308,7 @@ class HttpScorer:
 
     def score(self, runs: list[RunResult]) -> float:
         """Each record under the sampler of its own profile (``run.sampling``)."""
-        from quality_sidecar.detectors.conformance import score_topk
+        from quality_sidecar.detectors.likelihood import score_topk
 
         lp = _RetryingLogprobClient(self.client)
         t_all = time.perf_counter()

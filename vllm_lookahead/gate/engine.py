@@ -41,7 +41,7 @@ class RequestRecord:
         mask = draft_mask(self, len(self.token_ids))
         if mask is None:
             return None
-        from quality_sidecar.conformance import mask_positions
+        from quality_sidecar.baseline_scoring import mask_positions
 
         return mask_positions(mask)
 
@@ -75,7 +75,7 @@ class RunResult:
     wall_s: float
     records: list[RequestRecord]
     engine_counters: dict[str, Any] = field(default_factory=dict)
-    # T>0 runs: one dict per record (same order) from gate.conformance.score_runs: the sample's mean
+    # T>0 runs: one dict per record (same order) from gate.inprocess_scoring.score_runs: the sample's mean
     # raw token log-prob under the baseline model, its PIT values and out-of-support count
     scores: list[dict[str, Any]] | None = None
     scoring_s: float | None = None
@@ -212,8 +212,8 @@ class GateEngine:
                          self.opts.seed, wall, recs, self._delta(before))
 
     def score(self, runs: list[RunResult]) -> float:
-        """Score T>0 runs under this (non-speculative) engine: see ``gate.conformance``."""
-        from vllm_lookahead.gate.conformance import score_runs
+        """Score T>0 runs under this (non-speculative) engine: see ``gate.inprocess_scoring``."""
+        from vllm_lookahead.gate.inprocess_scoring import score_runs
 
         return score_runs(self.llm, runs, seed=self.opts.seed)
 

@@ -5,7 +5,7 @@
 * many tasks -> Holm (default), Benjamini-Hochberg or Bonferroni adjusted p-values;
 * T=0 token streams -> exact-match rate and first-divergence position, judged against the A/A rate;
 * T>0 samples -> two-sample tests on sequence features (rates: Fisher exact; length: the sidecar's
-  tie-corrected Mann-Whitney, called from analysis) next to the likelihood tests (gate.conformance);
+  tie-corrected Mann-Whitney, called from analysis) next to the likelihood tests (gate.inprocess_scoring);
 * minimum detectable effect of a McNemar test (Connor 1987) for a given size and discordance.
 """
 

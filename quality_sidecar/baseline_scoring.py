@@ -4,7 +4,7 @@ For a fraction (``ConformanceConfig.fraction``) of the T>0 samples of each arm, 
 asks the baseline server (``--baseline-url``, any OpenAI-compatible server that returns prompt
 log-probs: vLLM's ``prompt_logprobs`` extension, or ``echo`` + ``logprobs``) for the top-K log-probs
 of prompt + output, turns them into PIT values and token log-probs
-(``detectors.conformance.score_topk``) and feeds the PIT values to a two-sided CUSUM over the token
+(``detectors.likelihood.score_topk``) and feeds the PIT values to a two-sided CUSUM over the token
 stream per (model, arm) (``PitCusum``): reference-free, because the null is known exactly.  The candidate arm's
 chart is the alarm; the baseline arm's chart is the control (an alarm there means the scorer and the
 serving engine disagree: another model revision, dtype or sampler).  The mean token log-prob of each
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .detectors.conformance import (
+from .detectors.likelihood import (
     OOS_TOLERANCE_NATS,
     ConformanceChart,
     ImpossibleTokenChart,
