@@ -1,0 +1,73 @@
+"""Chat-formatted prompts for benchmarking the real model (models/smollm2-135m-instruct.md) with ``bench``.
+
+``vllm-lookahead bench`` takes raw prompt text (a JSONL with a ``prompt`` field); a chat model must see
+its own template, so this script applies the model's chat template (``add_generation_prompt=True``) to
+each user message and writes the JSONL.  The template's text already starts with the model's BOS
+(``<|im_start|>``), and the tokenizer adds no second one, so the engine sees what the chat API sends.
+
+Messages: general instructions and questions (no copying to exploit) plus requests that quote code or
+text from the held-out stdlib eval set to explain or rework (copy-heavy), half and half::
+
+    python benchmarks/real_model_prompts.py --model DIR --out .bench-work/real_chat.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OPEN = [
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that reverses a string.",
+    "Give me three tips for staying focused while studying.",
+    "Explain what a hash table is to a beginner.",
+    "Translate to French: 'The weather is nice today and I want to go for a walk.'",
+    "List the planets of the solar system in order from the Sun.",
+    "Write a haiku about the ocean.",
+    "What are the benefits of regular exercise?",
+    "Write a short email inviting a colleague to lunch on Friday.",
+    "How do I make a cup of green tea?",
+    "What is the difference between a list and a tuple in Python?",
+    "Give me a recipe for a simple tomato pasta.",
+]
+COPY_TASKS = [
+    "Explain what this code does:\n\n{code}",
+    "Add comments to this code:\n\n{code}",
+    "Rewrite this code with clearer variable names:\n\n{code}",
+]
+
+
+def messages(n_copy: int) -> list[str]:
+    """The open messages plus ``n_copy`` copy-heavy ones built from the bundled eval set's references."""
+    items = [json.loads(x) for x in (ROOT / "vllm_lookahead/data/eval/stdlib_heldout.jsonl").read_text().splitlines()
+             if x.strip()]
+    codes = [(it["prompt"] + it.get("reference", "")).strip() for it in items]
+    codes = [c for c in codes if 120 <= len(c) <= 700]
+    out = list(OPEN)
+    for i in range(n_copy):
+        out.append(COPY_TASKS[i % len(COPY_TASKS)].format(code=codes[(7 * i) % len(codes)]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="the converted model directory (its chat template)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--n-copy", type=int, default=12)
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as f:
+        for m in messages(args.n_copy):
+            text = tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False, add_generation_prompt=True)
+            f.write(json.dumps({"prompt": text}) + "\n")
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
