@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shift", default="0.03,0.035,0.04,0.05", help="comma-separated chart shifts")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
-    from quality_sidecar.detectors.likelihood import _gauss_threshold
+    from quality_sidecar.detectors.cusum import gauss_threshold
 
     points, tok_per_sample, files = [], [], []
     for f in sorted(RESULTS.glob("sidecar_conformance*.json")):
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     for ert in (float(v) for v in args.ert.split(",")):
         for shift in (float(v) for v in args.shift.split(",")):
             k = shift / 2
-            h = _gauss_threshold(k, 2 * ert)
+            h = gauss_threshold(k, 2 * ert)
             delays = {direction: {f"{n:g}": arl(sl * n, k, h) / tps for n in (0.085, 0.1, 0.15)}
                       for direction, sl in slopes.items()}
             fa = {f"{m:g}": 1e6 * tps * (1 / arl(m, k, h) + 1 / arl(-m, k, h)) for m in drifts}

@@ -13,16 +13,15 @@ import math
 import numpy as np
 import pytest
 
+from quality_sidecar.detectors.cusum import PitCusum, siegmund_arl
 from quality_sidecar.detectors.likelihood import (
     OOS_TOLERANCE_NATS,
-    PitCusum,
     SamplerParams,
     anderson_darling_uniform,
     likelihood_shift,
     pit_test,
     score_full,
     score_topk,
-    siegmund_arl,
 )
 
 pytestmark = pytest.mark.unit

@@ -12,11 +12,10 @@ import math
 import numpy as np
 import pytest
 
+from quality_sidecar.detectors.cusum import ExcessCusum, PitCusum
 from quality_sidecar.detectors.likelihood import (
     EXCESS_MIN_TOKENS,
     ConformanceChart,
-    ExcessCusum,
-    PitCusum,
     SamplerParams,
     excess_logprob,
     excess_test,
