@@ -72,7 +72,9 @@ def test_memory_with_eviction_matches_the_surviving_outputs(segs, ctxs, depth, m
                 continue
             mem.extend(i, "k", piece)
             tokens = tokens + piece
-            fast.extend_rows(np.asarray(tokens, dtype=np.int32), [(i, "k", tokens, 0, len(tokens) - len(piece))])
+            fast.extend_slots(np.asarray([tokens], dtype=np.int32), np.array([0]), np.array([fast.kid_for("k")]),
+                              np.array([len(tokens) - len(piece)]), np.array([len(tokens)]), np.array([0]),
+                              [i], ["k"], [piece])
             alive.setdefault(i, []).extend(piece)
             while sum(map(len, alive.values())) > max_tokens:
                 alive.popitem(last=False)
@@ -99,10 +101,11 @@ def test_memory_with_eviction_matches_the_surviving_outputs(segs, ctxs, depth, m
                                 min_size=1, max_size=6), min_size=1, max_size=12),
        depth=st.integers(1, 5), max_tokens=st.integers(1, 80))
 def test_memory_rows_in_one_call_count_as_one_extend_per_row(steps, depth, max_tokens):
-    """``extend_rows`` (the drafter's path: every row of a step in one kernel call, from the rows'
-    tokens side by side) stores exactly what one ``extend`` per row does: same tokens, same live
-    contexts, same look-ups -- across table rebuilds and evictions (small ``max_tokens``), with a
-    request's tokens arriving over several steps and several keys."""
+    """``extend_slots`` (the drafter's path when the memory evicts or grows: the rows of a step counted
+    from the engine's token rows, in one kernel call up to each eviction or rebuild) stores exactly what
+    one ``extend`` per row does: same tokens, same live contexts, same look-ups -- across table rebuilds
+    and evictions (small ``max_tokens``), with a request's tokens arriving over several steps and
+    several keys, and the new tokens given as a list or read from the rows."""
     one, rows = SuffixMemory(max_tokens, depth), SuffixMemory(max_tokens, depth)
     committed: dict[int, list[int]] = {}
     for step in steps:
@@ -115,10 +118,17 @@ def test_memory_rows_in_one_call_count_as_one_extend_per_row(steps, depth, max_t
             lo = len(toks)
             toks.extend(new)
             one.extend(req, req % 2, new)
-            batch.append((req, req % 2, list(toks), lo))
-        flat = np.asarray([t for _, _, toks, _ in batch for t in toks], dtype=np.int32)
-        offs = np.cumsum([0] + [len(b[2]) for b in batch])
-        rows.extend_rows(flat, [(r, key, toks, int(off), lo) for (r, key, toks, lo), off in zip(batch, offs)])
+            if new:
+                batch.append((req, req % 2, list(toks), lo))
+        if batch:
+            width = max(len(b[2]) for b in batch)
+            grid = np.full((len(batch), width), -1, dtype=np.int32)
+            for r, (_, _, toks, _) in enumerate(batch):
+                grid[r, : len(toks)] = toks
+            rows.extend_slots(grid, np.arange(len(batch)), np.array([rows.kid_for(b[1]) for b in batch]),
+                              np.array([b[3] for b in batch]), np.array([len(b[2]) for b in batch]),
+                              np.zeros(len(batch), dtype=np.int64), [b[0] for b in batch], [b[1] for b in batch],
+                              [b[2][b[3]:] if b[0] % 3 else [] for b in batch])
         assert len(one) == len(rows) and one.num_contexts() == rows.num_contexts()
         for key in (0, 1):
             for ctx in ([0], [1, 2], [4, 4, 4], [2, 0, 1, 3]):

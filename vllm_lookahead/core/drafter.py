@@ -177,7 +177,6 @@ class LookaheadDrafter:
         meta = out_meta.tolist()
         if memory is not None and fresh > 0:  # counted in chain_step: into the segments only
             memory.append_outputs(tokens, req_ids, b.keys, slots_l, new_tokens, meta[3], meta[4])
-            memory.counted(fresh)
         elif memory is not None and fresh < 0:  # an eviction or a rebuild on the way: row by row, then draft
             self._memory_rows(tokens, num_tokens, rowdata, req_ids, slots_l, new_tokens, meta, floor)
             meta = out_meta.tolist()

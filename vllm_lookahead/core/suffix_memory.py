@@ -139,49 +139,31 @@ class SuffixMemory:
         entry = self._segments.get(seg_id)
         prev = entry[1][-self.depth :] if entry else []
         seq = prev + new  # the segment's last `depth` tokens give the new tokens their contexts
-        self.extend_rows(np.asarray(seq, dtype=np.int32), [(seg_id, key, seq, 0, len(prev))])
+        self._extend_row(np.asarray(seq, dtype=np.int32), seg_id, key, seq, 0, len(prev))
 
-    def extend_rows(self, flat: np.ndarray, rows: Sequence[tuple[Hashable, Hashable, list[int], int, int]]) -> None:
-        """For every (seg_id, key, tokens, off, lo), in order: ``extend(seg_id, key, tokens[lo:])``, where
-        ``flat[off:off + len(tokens)]`` (int32) holds the same tokens as ``tokens`` and the segment so far
-        ends with ``tokens[:lo]`` -- e.g. a request's token row.
-        Why: counted straight from that array, no conversion, and in one kernel call for the whole step
-        (a call unboxes 17 arguments: a few microseconds, per row per step otherwise).
-
-        Exactly one ``extend`` per row in effect: the rows are counted in one call up to a row after
-        which the memory must evict (or its tables grow), then the next ones -- so eviction and rebuilds
-        see the same segments as row-by-row (a rebuild reads the segments: their tokens are all counted)."""
-        if self.max_tokens == 0:
+    def _extend_row(self, flat: np.ndarray, seg_id: Hashable, key: Hashable, tokens: list[int], off: int,
+                    lo: int) -> None:
+        """``extend(seg_id, key, tokens[lo:])``, where ``flat[off:off + len(tokens)]`` (int32) holds the same
+        tokens as ``tokens`` and the segment so far ends with ``tokens[:lo]`` (e.g. a request's token row):
+        counted straight from that array.  Tables grown before, the oldest segments evicted after, as the
+        token budget requires (a rebuild reads the segments: their tokens are all counted by then)."""
+        if self.max_tokens == 0 or lo >= len(tokens):
             return
-        kids, bases, starts, ends = [], [], [], []
-        try:  # (finally: rows already in their segments are counted even if a later row is refused)
-            for seg_id, key, tokens, off, lo in rows:
-                if lo >= len(tokens):
-                    continue
-                grow = self.depth * (len(tokens) - lo)  # at most this many new nodes, and as many new children
-                if 2 * (self._used_bound + grow) > len(self._nk):  # keep the load <= 1/2
-                    self._count_rows(flat, kids, bases, starts, ends)
-                    self._used_bound = self._used_slots()  # the bound drifts up: re-read
-                    if 2 * (self._used_bound + grow) > len(self._nk):
-                        self._rebuild(grow)
-                        self._used_bound = self._used_slots()
-                toks = self._segment(seg_id, key)
-                kid = self._kids.get(key)
-                if kid is None:
-                    kid = self._kids[key] = len(self._kids)
-                kids.append(kid)
-                bases.append(off + lo - min(len(toks), self.depth, lo))
-                starts.append(off + lo)
-                ends.append(off + len(tokens))
-                toks.extend(tokens[lo:])
-                self._used_bound += grow
-                self.tokens += len(tokens) - lo
-                if self.tokens > self.max_tokens:
-                    self._count_rows(flat, kids, bases, starts, ends)
-                    while self.tokens > self.max_tokens and self._segments:
-                        self._evict_oldest()
-        finally:
-            self._count_rows(flat, kids, bases, starts, ends)
+        grow = self.depth * (len(tokens) - lo)  # at most this many new nodes, and as many new children
+        if 2 * (self._used_bound + grow) > len(self._nk):  # keep the load <= 1/2
+            self._used_bound = self._used_slots()  # the bound drifts up: re-read
+            if 2 * (self._used_bound + grow) > len(self._nk):
+                self._rebuild(grow)
+                self._used_bound = self._used_slots()
+        toks = self._segment(seg_id, key)
+        row = np.array(((self.kid_for(key),), (off + lo - min(len(toks), self.depth, lo),), (off + lo,),
+                        (off + len(tokens),)), dtype=np.int64)
+        toks.extend(tokens[lo:])
+        self._used_bound += grow
+        self.tokens += len(tokens) - lo
+        load_kernels().memory_add_rows(*self._tables, row[0], flat, row[1], row[2], row[3], self.depth, 1)
+        while self.tokens > self.max_tokens and self._segments:  # counted first: eviction subtracts it
+            self._evict_oldest()
 
     def kid_for(self, key: Hashable) -> int:
         """The integer an isolation key's hashes mix in, assigned now if the key is new."""
@@ -193,16 +175,17 @@ class SuffixMemory:
     def extend_slots(self, tokens: np.ndarray, rows: np.ndarray, kids: np.ndarray, los: np.ndarray, his: np.ndarray,
                      floors: np.ndarray, seg_ids: list[Hashable], keys: list[Hashable],
                      news: list[list[int]]) -> None:
-        """``extend_rows`` for the engine's token rows (``core.batch_rows``): entry ``i`` appends
+        """``extend`` for the engine's token rows (``core.batch_rows``), the drafter's path when the memory
+        must evict or grow (``kernels.chain_step`` counts the other steps itself): entry ``i`` appends
         ``tokens[rows[i], los[i]:his[i]]`` (non-empty) to segment ``seg_ids[i]`` under ``keys[i]``
         (``kids[i]`` = ``kid_for(keys[i])``), contexts reaching no further back than ``floors[i]`` (where
         the request's tokens are read from); ``news[i]`` holds the same tokens as a list when it is
         as long (vLLM's sampled tokens), which saves converting them.
 
-        The same counts, evictions and rebuilds as ``extend_rows`` row by row: the entries before the
+        The same counts, evictions and rebuilds as one ``extend`` per entry: the entries before the
         first one after which the memory must evict, or before which its tables must grow, are counted
         in one kernel call (found with a cumulative sum, not a Python loop); that entry goes through
-        ``extend_rows`` itself; and on from the next.  Once the memory is full an eviction comes every
+        ``extend``'s own path; and on from the next.  Once the memory is full an eviction comes every
         few steps (a whole segment at a time), so most steps are one call."""
         if self.max_tokens == 0 or not len(rows):
             return
@@ -223,8 +206,8 @@ class SuffixMemory:
                 i = stop
             if i < n:  # entry i grows the tables first or evicts after it: the row-by-row path
                 r, f = int(rows[i]), int(floors[i])
-                self.extend_rows(tokens[r], [(seg_ids[i], keys[i], tokens[r, f : int(his[i])].tolist(), f,
-                                              int(los[i]) - f)])
+                self._extend_row(tokens[r], seg_ids[i], keys[i], tokens[r, f : int(his[i])].tolist(), f,
+                                 int(los[i]) - f)
                 i += 1
 
     def _count_slots(self, tokens: np.ndarray, rows: np.ndarray, kids: np.ndarray, los: np.ndarray, his: np.ndarray,
@@ -244,20 +227,19 @@ class SuffixMemory:
 
     def append_outputs(self, tokens: np.ndarray, seg_ids: list[Hashable], keys_by_slot: list[Hashable],
                        slots: list[int], news: list[list[int]], los: list[int], his: list[int]) -> None:
-        """Append a whole batch's output that ``kernels.chain_step`` already counted: row ``r`` appends
-        ``tokens[r, los[r]:his[r]]`` (nothing if empty; ``news[r]`` if it is as long) to segment
-        ``seg_ids[r]`` under ``keys_by_slot[slots[r]]``.  Plain lists in, no numpy per row."""
+        """Append a whole batch's output that ``kernels.chain_step`` already counted in the tables (within
+        the ``room()`` it was given): row ``r`` appends ``tokens[r, los[r]:his[r]]`` (nothing if empty;
+        ``news[r]`` if it is as long) to segment ``seg_ids[r]`` under ``keys_by_slot[slots[r]]``, and the
+        token budget books them.  Plain lists in, no numpy per row."""
+        added = 0
         for r, (lo, hi) in enumerate(zip(los, his)):
             if hi > lo:
                 new = news[r]
                 self._segment(seg_ids[r], keys_by_slot[slots[r]]).extend(
                     new if len(new) == hi - lo else tokens[r, lo:hi].tolist())
-
-    def counted(self, new_tokens: int) -> None:
-        """``new_tokens`` output tokens were counted by ``kernels.chain_step`` (within the room it was given:
-        ``room()``) and appended with ``append_outputs``."""
-        self.tokens += new_tokens
-        self._used_bound += self.depth * new_tokens
+                added += hi - lo
+        self.tokens += added
+        self._used_bound += self.depth * added
 
     def room(self) -> int:
         """How many more output tokens fit without an eviction or a table rebuild (``extend_slots``)."""
@@ -267,17 +249,6 @@ class SuffixMemory:
         """Output tokens stored in segment ``seg_id`` (0: none)."""
         entry = self._segments.get(seg_id)
         return len(entry[1]) if entry is not None else 0
-
-    def _count_rows(self, flat: np.ndarray, kids: list[int], bases: list[int], starts: list[int],
-                    ends: list[int]) -> None:
-        """Count the rows gathered so far (``extend_rows``) and clear the lists."""
-        if kids:
-            rows = np.array((kids, bases, starts, ends), dtype=np.int64)  # one conversion, four contiguous rows
-            load_kernels().memory_add_rows(*self._tables, rows[0], flat, rows[1], rows[2], rows[3], self.depth, 1)
-            kids.clear()
-            bases.clear()
-            starts.clear()
-            ends.clear()
 
     def _segment(self, seg_id: Hashable, key: Hashable) -> list[int]:
         entry = self._segments.get(seg_id)
