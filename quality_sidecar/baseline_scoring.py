@@ -42,7 +42,7 @@ from .detectors.likelihood import (
     score_topk,
 )
 from .workers import (
-    BackgroundWorker,
+    PairWorker,
     RetryPolicy,
     WorkFailed,
     base_url,
@@ -275,7 +275,7 @@ def score_sample(client: LogprobClient, sample: dict[str, Any], params: SamplerP
     return sc
 
 
-class ScoringWorker(BackgroundWorker):
+class ScoringWorker(PairWorker):
     """Background scorer: ``submit(sample)`` (non-blocking) -> ``on_result(sample, SequenceScore)``.
 
     Counts (``counts``): ``submitted``, ``done`` (scored), ``failed``, ``retries`` and
@@ -294,12 +294,6 @@ class ScoringWorker(BackgroundWorker):
     def prepare(self, sample: dict[str, Any]) -> Any:
         params = scorable(sample)
         return params if params is None or isinstance(params, str) else (sample, params)
-
-    def sample_of(self, item: tuple[dict[str, Any], SamplerParams]) -> dict[str, Any]:
-        return item[0]
-
-    def arm_of(self, item: tuple[dict[str, Any], SamplerParams]) -> str:
-        return item[0]["deployment"]["arm"]
 
     def handle(self, item: tuple[dict[str, Any], SamplerParams]) -> None:
         sample, params = item

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .workers import BackgroundWorker, base_url, classify_http_failure, http_status_failure
+from .workers import PairWorker, base_url, classify_http_failure, http_status_failure
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class BaselineReplayClient:
                 "finish_reason": choice.get("finish_reason")}
 
 
-class ReplayWorker(BackgroundWorker):
+class ReplayWorker(PairWorker):
     """Background replayer: ``submit(sample)`` enqueues, ``on_result(sample, baseline)`` gets pairs.
 
     Counts (``counts``): ``submitted``, ``done``, ``failed``, ``retries``, ``skipped_no_prompt``.
@@ -64,12 +64,6 @@ class ReplayWorker(BackgroundWorker):
             return None  # greedy outputs only (both arms: baseline-arm pairs are the A/A rate)
         prompt = (sample.get("prompt") or {}).get("text") or sample.get("prompt_token_ids")
         return (sample, prompt) if prompt else "no_prompt"
-
-    def sample_of(self, item: tuple[dict[str, Any], Any]) -> dict[str, Any]:
-        return item[0]
-
-    def arm_of(self, item: tuple[dict[str, Any], Any]) -> str:
-        return item[0]["deployment"]["arm"]
 
     def handle(self, item: tuple[dict[str, Any], Any]) -> None:
         sample, prompt = item

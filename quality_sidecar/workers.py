@@ -226,3 +226,14 @@ class BackgroundWorker:
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._thread.join(timeout)
+
+
+class PairWorker(BackgroundWorker):
+    """A worker whose items are ``(sample, payload)`` pairs (the replay and the conformance scorer):
+    the sample and its arm are read from the pair."""
+
+    def sample_of(self, item: tuple[dict[str, Any], Any]) -> dict[str, Any]:
+        return item[0]
+
+    def arm_of(self, item: tuple[dict[str, Any], Any]) -> str:
+        return item[0]["deployment"]["arm"]
