@@ -447,7 +447,7 @@ def chain_step(tokens, num_tokens, rowdata, ints, floats, lastk, last_p, stats, 
     """A whole batch-path step in one call, when nothing in it needs Python: ``observe_rows``; the new
     output counted into the memory if it fits the room it has (new tokens it takes without evicting or
     growing its tables; -1: no memory) -- each row's contexts reaching back ``seglen`` tokens into its
-    segment, as ``SuffixMemory.extend_rows`` does; ``propose_slots``; and ``keep_drafts`` if the drafts
+    segment, as ``SuffixMemory.extend_slots`` does; ``propose_slots``; and ``keep_drafts`` if the drafts
     fit the batch's budget.
 
     Why one call, and so few arguments: right after a forward pass the caches are cold, and there every
