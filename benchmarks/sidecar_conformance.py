@@ -187,6 +187,17 @@ def bootstrap_delay(scores: list[Any], chart_kw: dict, n_streams: int, limit: in
             "each_chart_median_samples_to_alarm": {k: float(np.median(v)) for k, v in by_chart.items()}}
 
 
+def siegmund_arl_two_sided(m: float, sd: float, h: float, k: float) -> float:
+    """Run length (in increments) of a two-sided CUSUM with reference k and threshold h on Gaussian
+    increments N(m, sd^2): Siegmund's approximation per side, the sides combined as competing alarms."""
+    def one(delta: float) -> float:  # ARL of increments N(delta, 1) after scaling by sd
+        hp = h / sd + 1.166
+        if abs(delta) < 1e-9:
+            return hp * hp
+        return (math.exp(-2 * delta * hp) + 2 * delta * hp - 1) / (2 * delta * delta)
+    return 1.0 / (1.0 / one((m - k) / sd) + 1.0 / one((-m - k) / sd))
+
+
 def false_alarms(scores: list[Any], chart_kw: dict) -> dict[str, Any]:
     """False alarms per 1M samples of the sidecar's chart pair on a token stream distributed like the real one.
 
@@ -209,12 +220,7 @@ def false_alarms(scores: list[Any], chart_kw: dict) -> dict[str, Any]:
     per_sample = len(x_pit) / len(scores)
 
     def arl_two_sided(m: float, sd: float) -> float:
-        def one(delta: float) -> float:  # ARL of increments N(delta, 1) after scaling by sd
-            hp = h / sd + 1.166
-            if abs(delta) < 1e-9:
-                return hp * hp
-            return (math.exp(-2 * delta * hp) + 2 * delta * hp - 1) / (2 * delta * delta)
-        return 1.0 / (1.0 / one((m - k) / sd) + 1.0 / one((-m - k) / sd))
+        return siegmund_arl_two_sided(m, sd, h, k)
 
     out: dict[str, Any] = {"tokens": len(x_pit), "tokens_per_sample": per_sample}
     tot = {"at_mean": 0.0, "at_bound95": 0.0, "exact_null": 0.0}

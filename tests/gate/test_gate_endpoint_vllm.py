@@ -61,11 +61,20 @@ SERVERS: dict[str, list[str]] = {
 }
 
 
+# the lookahead server runs with the plugin's telemetry on (no samples, no OTLP): vLLM's per-request
+# step lists at the `detailed` level, with the steps without drafts, so each token's draft position
+# reaches the gate in the response's `metrics.speculative_decoding`
+TELEMETRY = {"VLLM_LOOKAHEAD_TELEMETRY": "1", "VLLM_LOOKAHEAD_SAMPLE_RATE": "0", "VLLM_LOOKAHEAD_SAMPLE_ERRORS": "0",
+             "VLLM_LOOKAHEAD_OTEL": "0"}
+
+
 @pytest.fixture(scope="module")
 def servers(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
-    srvs = {name: VllmServer(str(demo_model), env={}, args=COMMON + args,
-                             workdir=str(tmp_path_factory.mktemp(name)))
-            for name, args in SERVERS.items()}
+    srvs = {}
+    for name, args in SERVERS.items():
+        work = tmp_path_factory.mktemp(name)
+        env = {**TELEMETRY, "VLLM_LOOKAHEAD_SAMPLE_SINK": f"file://{work}/samples.jsonl"} if name == "lookahead" else {}
+        srvs[name] = VllmServer(str(demo_model), env=env, args=COMMON + args, workdir=str(work))
     try:
         with ThreadPoolExecutor(len(srvs)) as pool:  # start together: most of a start is waiting
             list(pool.map(lambda s: s.start(timeout_s=900), srvs.values()))
@@ -96,7 +105,7 @@ def gates(servers: dict[str, VllmServer]) -> dict[str, Any]:
         preflight(inp)
         cands[name] = (inp, run_candidate(inp))
     score_samples(base_inp, [base.sampled] + [c.sampled for _, c in cands.values()])
-    out: dict[str, Any] = {"_base": base}
+    out: dict[str, Any] = {"_base": base, "_cand": {name: cand for name, (_, cand) in cands.items()}}
     for name, (inp, cand) in cands.items():
         out[name] = evaluate(inp, base, cand, clfs, None, 0.0)[0]
     return out
@@ -122,6 +131,19 @@ def test_lookahead_server_passes(gates: dict[str, Any]) -> None:
     assert res["latency"]["baseline"]["drafted_tokens"] == 0
     conf = res["sampled"]["conformance"]
     assert conf["pit_baseline_control"]["p_value"] > 0.01 and res["sampled"]["p_adjusted"]["pit_candidate_ad"] > 0.01
+
+
+def test_draft_positions_come_from_the_candidate_servers_step_lists(gates: dict[str, Any]) -> None:
+    """Each sampled token's draft position over HTTP, as in-process: the step lists cover every output."""
+    recs = gates["_cand"]["lookahead"].sampled.records
+    pos = [r.draft_positions for r in recs]
+    assert all(p is not None and len(p) == len(r.token_ids) for p, r in zip(pos, recs))
+    assert sum(int((p > 0).sum()) for p in pos) > 0 and sum(r.accepted for r in recs) > 0
+    late = [s["late_excess"][2] for s in gates["_cand"]["lookahead"].sampled.scores if "late_excess" in s]
+    # the late test scores those tokens (the ones whose excess the baseline server's top-K can value)
+    assert 0 < sum(late) <= sum(int((p >= 2).sum()) for p in pos)
+    # the plain baseline server drafts nothing: no step lists, no positions
+    assert all(r.draft_positions is None for r in gates["_base"].sampled.records)
 
 
 def test_greedy_fault_server_fails_exact_match(gates: dict[str, Any]) -> None:

@@ -15,10 +15,12 @@ penalty) are sent explicitly, so both arms sample from exactly the declared dist
 
 Robustness: every request has a timeout; connection errors, timeouts, 429 and 5xx are retried with
 exponential backoff; anything else that is not the expected JSON is *garbage* and stops the gate at
-once.  Both end in ``EndpointError`` (CLI exit 2; no report is written).  Per-request speculative
-metrics do not exist over HTTP: the server's Prometheus counters (``vllm:spec_decode_*``) are read
-before and after each run, so acceptance and compression come from the run's delta (the gate must
-own the endpoints while it runs; other traffic would be counted too).
+once.  Both end in ``EndpointError`` (CLI exit 2; no report is written).  Acceptance and compression
+come from the server's Prometheus counters (``vllm:spec_decode_*``) read before and after each run (the
+gate must own the endpoints while it runs; other traffic would be counted too).  Each token's draft
+position (for the late-draft-position test) comes from vLLM's per-request ``metrics.speculative_decoding``
+step lists, which a speculative server returns at the ``detailed`` level (``vllm-lookahead serve`` sets
+it; a server without them leaves that test out).
 """
 
 from __future__ import annotations
@@ -173,6 +175,13 @@ class EndpointClient:
             out = {"token_ids": [int(t) for t in c["token_ids"]], "text": text or "",
                    "finish_reason": c.get("finish_reason"),
                    "prompt_token_ids": [int(t) for t in (c.get("prompt_token_ids") or data.get("prompt_token_ids"))]}
+            # vLLM's per-request speculative metrics (a speculative server at the `detailed` level, which
+            # `vllm-lookahead serve` sets): the per-step lists give each token's draft position
+            sd = (data.get("metrics") or {}).get("speculative_decoding") or {}
+            if sd.get("per_step_drafted") is not None and sd.get("per_step_accepted") is not None:
+                out["spec"] = {"drafted": int(sd["num_draft_tokens"]), "accepted": int(sd["num_accepted_draft_tokens"]),
+                               "per_step_drafted": [int(x) for x in sd["per_step_drafted"]],
+                               "per_step_accepted": [int(x) for x in sd["per_step_accepted"]]}
         except (KeyError, IndexError, TypeError, ValueError):
             raise EndpointError(
                 f"{self.role} endpoint {self.url}{path} returned garbage or no token ids (the gate needs vLLM's "
@@ -242,9 +251,11 @@ class HttpEngine:
             fields = profile_of(profiles, s).request_fields(it.id, s, self.seed) if profiles else None
             out, wall = self.client.generate(it.prompt, it.max_tokens or self.default_max_tokens, sampling=fields)
             n = len(out["token_ids"])
-            return RequestRecord(it.id, s, out["token_ids"], out["text"], out["finish_reason"],
-                                 len(out["prompt_token_ids"]), tpot_s=wall / n if n else None,
-                                 prompt_token_ids=out["prompt_token_ids"], latency_s=wall)
+            rec = RequestRecord(it.id, s, out["token_ids"], out["text"], out["finish_reason"],
+                                len(out["prompt_token_ids"]), tpot_s=wall / n if n else None,
+                                prompt_token_ids=out["prompt_token_ids"], latency_s=wall, **out.get("spec", {}))
+            rec.steps = max(0, n - rec.accepted)
+            return rec
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(jobs)))) as pool:
@@ -335,7 +346,7 @@ class HttpScorer:
                     continue
                 ids, lps, tok = row
                 sc = score_topk(ids, lps, r.token_ids, tok, profile_of(run.sampling, r.sample).sampler(), rng)
-                scores.append(score_dict(r.item_id, r.sample, sc))
+                scores.append(score_dict(r.item_id, r.sample, sc, r.draft_positions))
             run.scores = scores
             run.scoring_s = time.perf_counter() - t0
         return time.perf_counter() - t_all
