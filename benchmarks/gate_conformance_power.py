@@ -17,7 +17,9 @@ counts as not passed in both arms; its Fisher p-value stays in the Holm-adjusted
 Per decoder: FAILs out of R with a Wilson 95% interval, which tests rejected in each replicate, the
 fault's size on all R x S samples (excess nats/token overall, per profile and at draft positions >= 2,
 out-of-support tokens per 1k, duplicate samples), and the excess tests' power predicted from all
-samples (``gate_power_at_size.excess_power``).
+samples (``gate_power_at_size.excess_power``).  Also the sidecar's late-draft-position chart on each
+stream at each ``--late-shifts`` value: samples until it alarms (20 orders of the stream) and, on the
+exact decoders, its false alarms per 1M samples.
 
     python benchmarks/gate_conformance_power.py --replicates 8 \\
         --out benchmarks/results/gate_fault_power_s6_r8.json --cache .bench-work/gate-power
@@ -68,6 +70,9 @@ def main() -> None:
     ap.add_argument("--samples-per-item", type=int, default=None, help="override the policy's value")
     ap.add_argument("--items-per-task", type=int, default=None, help="a subset of the eval set (default: all of it)")
     ap.add_argument("--out", required=True, help="JSON result file")
+    ap.add_argument("--late-shifts", default="0.04,0.1,0.2,0.3",
+                    help="late-draft-position chart shifts to compare (samples to alarm on each stream, false alarms "
+                         "per 1M samples on the exact ones); the sidecar's default is measured among them")
     ap.add_argument("--cache", default=None, help="directory: keep each decoder's generated samples there (pickle) "
                                                    "and reuse them on a re-run with the same settings")
     args = ap.parse_args()
@@ -160,7 +165,12 @@ def main() -> None:
         return {"nats_per_token": totals[0] / max(1, totals[2]), "tokens_per_replicate": totals[2] / R,
                 "z_per_replicate": z, "power_at_alpha_over_m": excess_power(z, sp["alpha"], m)}
 
-    def late_chart_false_alarms(run: RunResult) -> dict[str, Any] | None:
+    def late_triples(run: RunResult) -> list[tuple[float, float, float] | None]:
+        """Per scored sample, the (excess, null variance, tokens) sums of its tokens at draft position >= 2."""
+        return [x.get("late_excess") if x.get("late_excess") and x["late_excess"][2] else None
+                for x in run.scores or []]
+
+    def late_chart_false_alarms(run: RunResult, shift: float) -> dict[str, Any] | None:
         """The sidecar's late-draft-position chart on this exact stream: false alarms per 1M samples.
 
         As ``sidecar_conformance.false_alarms`` certifies the other two charts: Siegmund's run length for
@@ -173,7 +183,7 @@ def main() -> None:
 
         from quality_sidecar.detectors.likelihood import ConformanceChart
 
-        trip = [x["late_excess"] for x in run.scores or [] if x.get("late_excess") and x["late_excess"][2]]
+        trip = [t for t in late_triples(run) if t]
         if not trip:
             return None
         s_, v_, n_ = (np.array([t[i] for t in trip], float) for i in range(3))
@@ -181,7 +191,7 @@ def main() -> None:
         mu = s_.sum() / n_.sum() / math.sqrt(vbar)
         sd = math.sqrt((s_ ** 2).sum() / v_.sum())
         bound = abs(mu) + 1.96 * sd / math.sqrt(n_.sum())
-        late = ConformanceChart().late
+        late = ConformanceChart(late_shift=shift).late
         per_sample = n_.sum() / len(run.scores or [])
         rate = {key: 1e6 * per_sample / siegmund_arl_two_sided(m, d, late.threshold_, late.k_)
                 for key, m, d in (("at_mean", mu, sd), ("at_bound95", bound, sd), ("exact_null", 0.0, 1.0))}
@@ -189,6 +199,32 @@ def main() -> None:
                 "x_mean_per_token": mu, "x_sd": sd, "x_mean_abs_bound95": bound,
                 **{f"per_1M_samples_{k}": v for k, v in rate.items()},
                 "method": "Siegmund ARL for Gaussian increments (late chart's k, h at the default ert_tokens)"}
+
+    def late_chart_delays(run: RunResult, shift: float, orders: int = 20) -> dict[str, Any]:
+        """Samples until the late-draft-position chart (``ConformanceChart(late_shift=shift).late``, the
+        sidecar's class) alarms on this stream: the run's order, then ``orders - 1`` random orders.  Each
+        sample's late tokens enter as their sums (the chart tests at sample boundaries on the sums)."""
+        from quality_sidecar.detectors.likelihood import ConformanceChart
+
+        trip = late_triples(run)
+        rng = np.random.default_rng(0)
+        hits: list[int] = []
+        for o in range(orders):
+            chart = ConformanceChart(late_shift=shift).late
+            for i, j in enumerate(rng.permutation(len(trip)) if o else range(len(trip))):
+                t = trip[j]
+                if t is None:
+                    continue
+                n = int(t[2])
+                chart.update([(np.full(n, t[0] / n), np.full(n, t[1] / n))])
+                if chart.alarm_:
+                    hits.append(i + 1)
+                    break
+        return {"orders": orders, "alarmed": len(hits),
+                "median_samples": float(np.median(hits)) if hits else None,
+                "p90_samples": float(np.percentile(hits, 90)) if hits else None}
+
+    shifts = [float(x) for x in args.late_shifts.split(",") if x.strip()]
 
     base = runs[specs[0][0]]
     base_reps = [replicate(base, r) for r in range(R)]
@@ -227,7 +263,9 @@ def main() -> None:
                 "duplicate_samples_per_replicate": float(np.mean([x["duplicate_samples"]["candidate"] for x in reps]))},
             "rejected_tests_count": {k: sum(k in x["rejected"] for x in reps)
                                      for k in sorted({t for x in reps for t in x["rejected"]})},
-            "late_chart_false_alarms": late_chart_false_alarms(runs[label]) if kind == "exact" else None,
+            "late_chart_by_shift": {str(sh): {"samples_to_alarm": late_chart_delays(runs[label], sh),
+                                              "false_alarms": (late_chart_false_alarms(runs[label], sh)
+                                                               if kind == "exact" else None)} for sh in shifts},
             "oos_fails": sum(x["out_of_support"]["candidate"] > x["out_of_support"]["baseline"] for x in reps),
             "engine_wall_s": wall[label], "per_replicate": reps}
         print(f"{label}: FAIL {fails}/{R}", file=sys.stderr)

@@ -7,8 +7,8 @@ change), so the expected per-replicate z measured at one size scales to others. 
 Holm's strictest step (alpha / m, two-sided), i.e. a lower bound on what the gate's family gives the
 excess test.
 
-    python benchmarks/gate_power_at_size.py --input benchmarks/results/gate_conformance_power_excess_s6_r8.json \\
-        --sizes 0.03,0.04,0.05,0.06 --json benchmarks/results/gate_power_at_size_s6.json
+    python benchmarks/gate_power_at_size.py --input benchmarks/results/archive/gate_conformance_power_excess_s6_r8.json \\
+        --sizes 0.03,0.04,0.05,0.06 --json benchmarks/results/archive/gate_power_at_size_s6.json
 """
 
 from __future__ import annotations

@@ -68,6 +68,10 @@ class ConformanceConfig:
     # values are i.i.d. U(0,1) whatever the output lengths (see PitCusum).
     ert_tokens: float = 1e9
     shift: float = 0.04  # per-token shift of E[(u - 1/2) sqrt(12)] to detect fastest (= mean u +- 0.0115)
+    # The late-draft-position chart's shift, per token at draft position >= 2.  Larger than ``shift``:
+    # those tokens are a few percent of the stream, so a late-only fault that matters is large per
+    # token, while a small per-token drift there (bf16 rounding of the verify pass) is harmless.
+    late_shift: float = 0.2
     # Samples queued or in scoring at which the service stops reading its source until half are done
     # (backpressure: selected samples are never dropped).
     max_queue: int = 256
@@ -89,8 +93,8 @@ class ConformanceConfig:
             raise ValueError(f"conformance.top_logprobs must be in [1, 1000], got {self.top_logprobs}")
         if self.api not in ("auto", "prompt_logprobs", "echo"):
             raise ValueError(f"conformance.api must be auto, prompt_logprobs or echo, got {self.api!r}")
-        if self.ert_tokens <= 1 or self.shift <= 0:
-            raise ValueError("conformance.ert_tokens must be > 1 and conformance.shift > 0")
+        if self.ert_tokens <= 1 or self.shift <= 0 or self.late_shift <= 0:
+            raise ValueError("conformance.ert_tokens must be > 1, conformance.shift and late_shift > 0")
         if self.max_queue < 1 or self.retries < 1 or self.timeout_s <= 0:
             raise ValueError("conformance.max_queue and conformance.retries must be >= 1, timeout_s > 0")
         if self.vocab_size is not None and self.vocab_size < 1:
@@ -320,7 +324,7 @@ class ConformanceMonitor:
         c = self.charts.get(arm)
         if c is None:
             c = self.charts[arm] = ConformanceChart("sampling_conformance", self.cfg.ert_tokens, self.cfg.shift,
-                                                    self.restart_after_alarm)
+                                                    self.restart_after_alarm, late_shift=self.cfg.late_shift)
             self.stats[arm] = {"samples": 0, "tokens": 0, "pit_tokens": 0, "skipped": 0, "out_of_support": 0,
                                "lp_sum": 0.0, "lp_sumsq": 0.0}
         return c

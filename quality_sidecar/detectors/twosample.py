@@ -5,7 +5,7 @@ can import them directly (documented in docs/sidecar.md):
 
 * ``length_test``      - tie-corrected Mann-Whitney (streaming) or a Monte-Carlo permutation test of
                          the mean (offline). Lengths are discrete, heavily tied and capped at
-                         max_tokens, which made Cramer-von Mises anti-conservative (issue 13);
+                         max_tokens, which makes Cramer-von Mises anti-conservative;
 * ``finish_reason_test`` - Fisher exact on 2 categories, else chi-square with sparse categories merged;
 * ``rate_test``        - Fisher exact test on a behavioural flag (refusal, format_invalid, ...);
 * ``text_mmd_test``    - MMD^2 on text embeddings (hashed word n-grams by default, MiniLM sentence
