@@ -162,8 +162,8 @@ def test_state_keyed_by_request_id_across_reordering():
 
 
 def test_finished_requests_are_pruned_and_bounded():
-    cfg = LookaheadConfig(max_dormant_requests=2)
-    d = LookaheadDrafter(cfg, 2)
+    d = LookaheadDrafter(LookaheadConfig(), 2)
+    d.max_dormant = 2
     for i in range(10):
         d.step([RowStep(f"r{i}", [1, 2, 3], 3, [3], prompt_len=2)])
     assert len(d.batch.active) == 1 and len(d.batch.dormant) <= 2

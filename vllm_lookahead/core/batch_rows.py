@@ -23,7 +23,7 @@ SOURCES = ("none", "context", "memory")  # a slot's source as a number: kernels.
 class BatchRows:
     """Slots of per-request arrays (``start`` .. ``stats``); ``active`` maps the last step's request ids to their slots,
     ``dormant`` keeps the slots of requests that left the batch (finished or preempted), most recent
-    last, up to the drafter's ``max_dormant_requests``."""
+    last, up to the drafter's ``MAX_DORMANT_REQUESTS``."""
 
     def __init__(self, k: int, capacity: int = 64) -> None:
         self.k = k

@@ -27,7 +27,7 @@ LIMITS: dict[str, tuple[float, float | None]] = {
     "max_prompt_index_tokens": (0, None), "min_match": (1, 32), "max_match": (1, 32),
     "memory_tokens": (0, 100_000_000), "memory_depth": (1, 32), "chain_min_p": (0.0, 1.0),
     "chain_busy_min_p": (0.0, 1.0), "batch_size_threshold": (1, None), "max_batch_draft_tokens": (0, None),
-    "guard_batch_size": (1, None), "guard_max_retry_steps": (64, None), "max_dormant_requests": (0, None),
+    "guard_batch_size": (1, None),
 }
 LADE_LIMITS: dict[str, tuple[float, float | None]] = {
     "window": (1, 64), "ngram": (3, 16), "candidates": (0, 64), "max_batch": (0, None),
@@ -59,6 +59,10 @@ REMOVED: dict[str, str] = {
     **{k: _LADE_POOL for k in ("ngram", "pool_size", "max_pool_keys", "shared_pool_keys", "seed_from_prompt",
                                "window", "pool_max_batch")},
     "lade_shared_candidates": "removed with the engine-wide n-gram pool it read",
+    "guard_max_retry_steps": "removed: the busy-batch guard backs off from a losing mode up to 512 steps "
+                             "(core/drafter.py GUARD_MAX_RETRY_STEPS); drop the key",
+    "max_dormant_requests": "removed: drafting state of up to 256 preempted requests is kept "
+                            "(core/drafter.py MAX_DORMANT_REQUESTS); drop the key",
     **{f"lade_{k}": f'moved into the 2D layout\'s section: {{"layout": "2d", "lade": {{"{k}": ...}}}}'
        for k in ("window", "ngram", "candidates", "max_batch", "context_candidate", "policy", "seed")},
     "chain_max_draft": 'moved into the 2D layout\'s section: {"layout": "2d", "lade": {"chain_max_draft": ...}}',
@@ -215,12 +219,6 @@ class LookaheadConfig:
     """Above this many running requests a guard per batch-size bucket (17-32, 33-64, ...) times the
     engine's own steps with drafts and without, and runs whichever serves more tokens/s (a loser is
     re-tried 2 steps in 64).  Lower it where a batch of this size is compute-bound.  Default 16."""
-    guard_max_retry_steps: int = 512
-    """The guard re-tries a losing mode every 64 steps; one that lost by 1.25x or more waits twice as long
-    before the next re-try, up to this many steps (64: no back-off).  Default 512."""
-    max_dormant_requests: int = 256
-    """Drafting state kept for requests absent from the batch (preempted), least recently used evicted
-    beyond it.  Default 256."""
     plain_steps_without_drafts: bool = True
     """A step in which no request has a draft runs vLLM's plain (non-speculative) path -- logits of the
     last positions and vLLM's sampler, as without speculation -- instead of the spec-decode path that

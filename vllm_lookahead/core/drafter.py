@@ -47,6 +47,11 @@ _NO_MEMORY = (np.zeros(1, dtype=np.uint64), np.zeros((4, 1), dtype=np.int32), np
 
 _KERNELS_READY = False  # compile_kernels() ran in this process
 MAX_MEASURED_FLOOR = 0.5
+# The busy-batch guard re-tries a losing mode every 64 steps; one that lost by 1.25x or more waits twice
+# as long before the next re-try, up to this many steps.
+GUARD_MAX_RETRY_STEPS = 512
+# Drafting state kept for requests absent from the batch (preempted), least recently used evicted beyond it.
+MAX_DORMANT_REQUESTS = 256
 """A measured floor (``measured_floor``) is capped here: a price above 0.5 -- drafting only tokens
 committed more often than not -- is more likely a noisy fit than a row that dear."""
 
@@ -82,6 +87,7 @@ class LookaheadDrafter:
         self.cfg = cfg
         self.k = num_speculative_tokens
         self.batch = BatchRows(self.k)  # per-request state, one slot per request
+        self.max_dormant = MAX_DORMANT_REQUESTS  # preempted requests' state kept (tests lower it)
         # the last batch (request ids in row order, their set, slots) while no row changed
         self._batch_rows: tuple[list[str], set[str], list[int]] | None = None
         self._floors: dict[tuple[int, str], float] = {}  # (rows, guard mode) -> floor
@@ -204,7 +210,7 @@ class LookaheadDrafter:
         else:
             self._batch_rows = None
             live, slots_l = set(req_ids), None
-            b.retire(b.active.keys() - live, self.cfg.max_dormant_requests)
+            b.retire(b.active.keys() - live, self.max_dormant)
         mode = self._guard(live, new_counts)
         if slots_l is None:
             active = b.active
@@ -288,7 +294,7 @@ class LookaheadDrafter:
         ``guard_batch_size`` rows the arbiter of the batch's bucket (powers of two: 17-32 rows, 33-64, ...)
         decides: every mode is measured first (interleaved, 8 steps each, or 4 when the best is then
         ahead by 1.25x), then a loser is re-tried 2 steps in 64, in turn -- a loser that keeps losing by
-        1.25x or more ever more rarely, down to 2 in ``guard_max_retry_steps``.  Only pure decode steps
+        1.25x or more ever more rarely, down to 2 in ``GUARD_MAX_RETRY_STEPS``.  Only pure decode steps
         are credited -- the rows now all ran in the step measured and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
         slow for reasons neither mode controls."""
         if self._guard_last is None and len(new_counts) <= self.cfg.guard_batch_size:
@@ -303,10 +309,9 @@ class LookaheadDrafter:
         bucket = batch_bucket(len(new_counts))
         arbiter = self.guards.get(bucket)
         if arbiter is None:
-            # backing off from a decisive loser: LookaheadConfig.guard_max_retry_steps
             arbiter = self.guards[bucket] = ThroughputArbiter(("chain", "off"), explore_every=64, explore_steps=2,
                                                               warmup_steps=8,
-                                                              max_explore_every=cfg.guard_max_retry_steps)
+                                                              max_explore_every=GUARD_MAX_RETRY_STEPS)
         mode = arbiter.choose()
         self._guard_last = (mode, bucket, now, live)
         return mode
