@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Generate the "current default vs none / ngram / suffix" table of README.md and benchmarks/results/README.md.
 
-Source: per prompt set, the newest JSON in ``benchmarks/results/`` (top level, not ``archive/``) that is
-one ``vllm-lookahead bench`` invocation comparing exactly ``none``, ``ngram:k=K``, ``suffix:k=K`` and the
-default ``lookahead:k=K`` (no config overrides in the SPEC) at batch sizes 1, 8 and 32, methods
+Source: per model and prompt set, the newest JSON in ``benchmarks/results/`` (top level, not ``archive/``)
+that is one ``vllm-lookahead bench`` invocation comparing ``none``, ``ngram:k=K``, ``suffix:k=K`` and the
+default ``lookahead:k=K`` (no config overrides in the SPEC; more baselines, e.g. suffix at another k, may
+run beside them and count as peers in "over the best baseline") at batch sizes 1, 8 and 32, methods
 interleaved chunk by chunk (``--interleave chunks``), with at least 3 repeats.  "Newest" is the file's own
 ``time`` field.  Record a new such run after a change of the default and this table follows it.
 
@@ -38,23 +39,42 @@ def _spec_k(method: str, name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def qualifies(data: object) -> bool:
-    """One bench invocation of the default lookahead against none / ngram / suffix at the same k."""
+def headline(data: object) -> list[dict] | None:
+    """The records of none, ngram:k=K, suffix:k=K and the default lookahead:k=K of one bench invocation
+    (K: lookahead's), or None when the file is not such a comparison."""
     if not isinstance(data, dict) or not isinstance(data.get("results"), list) or "command" not in data:
-        return False
-    methods = [r.get("method") for r in data["results"] if isinstance(r, dict)]
-    if len(methods) != 4 or methods[0] != "none" or not all(isinstance(m, str) for m in methods):
-        return False
-    ks = {_spec_k(m, n) for m, n in zip(methods[1:], ("ngram", "suffix", "lookahead"), strict=True)}
-    if len(ks) != 1 or None in ks:
-        return False
+        return None
+    recs = [r for r in data["results"] if isinstance(r, dict) and isinstance(r.get("method"), str)]
+    if not recs or recs[0]["method"] != "none":
+        return None
+    looks = [r for r in recs if r["method"].startswith("lookahead")]
+    if len(looks) != 1 or _spec_k(looks[0]["method"], "lookahead") is None:
+        return None
+    k = _spec_k(looks[0]["method"], "lookahead")
+    peers = [next((r for r in recs if r["method"] == f"{name}:k={k}"), None) for name in ("ngram", "suffix")]
+    if None in peers:
+        return None
     if data.get("interleave") != "chunks" or (data.get("repeats") or 0) < 3:
-        return False
-    for r in data["results"]:
+        return None
+    out = [recs[0], *peers, looks[0]]
+    for r in out:
         by = r.get("by_batch_size") or {}
         if not all(b in by and "speedup_vs_none_median" in by[b] for b in BATCHES):
-            return False
-    return True
+            return None
+    return out
+
+
+def qualifies(data: object) -> bool:
+    """One bench invocation of the default lookahead against none / ngram / suffix at the same k."""
+    return headline(data) is not None
+
+
+def prompt_set(data: dict) -> str:
+    """The row label: the prompt set, prefixed by the model's name unless it is the bundled demo model."""
+    prompts = str(data.get("prompts"))
+    prompts = Path(prompts).stem if prompts.endswith(".jsonl") else prompts
+    model = Path(str(data.get("model") or "demo-code-4l")).name
+    return prompts if model == "demo-code-4l" else f"{model}, {prompts}"
 
 
 def select(results: Path = RESULTS) -> dict[str, tuple[str, dict]]:
@@ -67,7 +87,7 @@ def select(results: Path = RESULTS) -> dict[str, tuple[str, dict]]:
             continue
         if not qualifies(data):
             continue
-        key = str(data.get("prompts"))
+        key = prompt_set(data)
         stamp = str(data.get("time", ""))
         if key not in best or stamp > best[key][0]:
             best[key] = (stamp, path.name, data)
@@ -109,17 +129,19 @@ def table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
         "|---|---|---|---|---|",
     ]
     for prompts, (name, data) in sources.items():
-        for rec in data["results"]:
+        for rec in headline(data) or []:
             lines.append(_row(prompts, name, rec))
     lines.append("")
     for prompts, (name, data) in sources.items():
-        la = data["results"][3]["by_batch_size"]
+        recs = headline(data) or []
+        la = recs[3]["by_batch_size"]
+        extra = [r["method"] for r in data["results"] if r not in recs]
         best = [tuple(la[b].get(f"speedup_vs_best_baseline_{s}") for s in ("median", "min", "max"))
                 for b in BATCHES]
         reps = data.get("repeats")
         line = (f"- {prompts} prompts (`{name}`): {data.get('n_prompts')} held-out prompts, at most "
                 f"{data.get('max_tokens')} tokens each, float32, {reps} repeats with the methods interleaved "
-                f"chunk by chunk")
+                f"chunk by chunk" + (f" (also run: {', '.join(extra)})" if extra else ""))
         if all(v is not None for trio in best for v in trio):
             line += ("; lookahead's tokens/s over the best baseline's of the same repeat, median [min, max]: "
                      + " / ".join(f"{_x(m)} [{_x(lo)}, {_x(hi)}]" for m, lo, hi in best)

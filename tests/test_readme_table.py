@@ -23,7 +23,7 @@ def test_the_table_has_sources_for_both_prompt_sets() -> None:
     sources = gen.select()
     assert set(sources) >= {"open", "copy"}, sources.keys()
     for _prompts, (name, data) in sources.items():
-        assert [r["method"].split(":")[0] for r in data["results"]] == ["none", "ngram", "suffix", "lookahead"], name
+        assert [r["method"].split(":")[0] for r in gen.headline(data)] == ["none", "ngram", "suffix", "lookahead"], name
 
 
 @pytest.mark.parametrize("path", list(gen.TARGETS), ids=lambda p: str(p.relative_to(ROOT)))
@@ -42,3 +42,14 @@ def test_qualifies_rejects_an_override_or_a_missing_baseline() -> None:
     assert not gen.qualifies(override)
     assert not gen.qualifies({**base, "results": base["results"][1:]})
     assert not gen.qualifies({**base, "interleave": None})
+    assert not gen.qualifies({**base, "results": [*base["results"][:3], {**base["results"][3], "method": "lookahead:k=4"}]})
+
+
+def test_a_peer_at_another_k_runs_beside_the_four_rows() -> None:
+    recs = [{"method": m, "by_batch_size": {b: {"speedup_vs_none_median": 1.0} for b in ("1", "8", "32")}}
+            for m in ("none", "ngram:k=8", "suffix:k=4", "suffix:k=8", "lookahead:k=8")]
+    data = {"command": "x", "interleave": "chunks", "repeats": 3, "prompts": "/x/real_chat.jsonl",
+            "model": "/cache/smollm2-135m-instruct", "results": recs}
+    assert [r["method"] for r in gen.headline(data)] == ["none", "ngram:k=8", "suffix:k=8", "lookahead:k=8"]
+    assert gen.prompt_set(data) == "smollm2-135m-instruct, real_chat"
+    assert gen.prompt_set({"prompts": "open", "model": "/w/models/demo-code-4l"}) == "open"
