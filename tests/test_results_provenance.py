@@ -58,7 +58,7 @@ ALLOW = [
     (r"\b0\.32\.x\b|\b0\.32\b|vLLM:?\s(?:\*\*)?0\.3\d(?:(?:/| and | or |-)0\.3\d)*|\b0\.3[23](?= (?:runs|is)\b)",
      "vLLM series (0.32/0.33)"),
     (r"\b9[059]\s?%(?=\s?CI|\]| confidence)|\bat 9[059]\s?%", "confidence levels (95% CI)"),
-    (r"\d{4}-\d{2}-\d{2}", "dates"),
+    (r"\d{4}-\d{2}-\d{2}(?:T\d{2}:\d{2}(?::\d{2})?Z?)?", "dates and UTC timestamps"),
     (r"\b(?:19|20)\d{2}\b", "years (ICML 2024)"),
     (r"(?<![\d.,])(?:1|8|32)(?:\s?(?:/|,|and|or)\s?(?:1|8|32))+(?!\d|[.,]\d)", "batch sizes 1 / 8 / 32"),
     (r"\bbatch(?:-| )(?:size )?(?:1|8|32)\b|\bat (?:8|32)\b|^\|\s*(?:1|8|32)\s*\|", "a batch size"),
