@@ -128,14 +128,16 @@ def table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
         "| compression, tokens per target forward (median): batch 1 / 8 / 32 | outputs identical to `none` |",
         "|---|---|---|---|---|",
     ]
-    for prompts, (name, data) in sources.items():
-        for rec in headline(data) or []:
+    heads = {prompts: headline(data) or [] for prompts, (_name, data) in sources.items()}
+    for prompts, (name, _data) in sources.items():
+        for rec in heads[prompts]:
             lines.append(_row(prompts, name, rec))
     lines.append("")
     for prompts, (name, data) in sources.items():
-        recs = headline(data) or []
+        recs = heads[prompts]
         la = recs[3]["by_batch_size"]
-        extra = [r["method"] for r in data["results"] if r not in recs]
+        shown = {r["method"] for r in recs}
+        extra = [r["method"] for r in data["results"] if r["method"] not in shown]
         best = [tuple(la[b].get(f"speedup_vs_best_baseline_{s}") for s in ("median", "min", "max"))
                 for b in BATCHES]
         reps = data.get("repeats")

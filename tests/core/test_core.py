@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError, LookaheadDrafter, RowStep
+from vllm_lookahead.core import drafter as drafter_module
 from vllm_lookahead.core.jit import load_kernels
 from vllm_lookahead.core.simulate import simulate
 
@@ -161,9 +162,9 @@ def test_state_keyed_by_request_id_across_reordering():
     assert drafts[0][:2] == [9, 8] and drafts[1][:2] == [1, 2]
 
 
-def test_finished_requests_are_pruned_and_bounded():
+def test_finished_requests_are_pruned_and_bounded(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(drafter_module, "MAX_DORMANT_REQUESTS", 2)
     d = LookaheadDrafter(LookaheadConfig(), 2)
-    d.max_dormant = 2
     for i in range(10):
         d.step([RowStep(f"r{i}", [1, 2, 3], 3, [3], prompt_len=2)])
     assert len(d.batch.active) == 1 and len(d.batch.dormant) <= 2

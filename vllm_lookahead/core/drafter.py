@@ -47,13 +47,13 @@ _NO_MEMORY = (np.zeros(1, dtype=np.uint64), np.zeros((4, 1), dtype=np.int32), np
 
 _KERNELS_READY = False  # compile_kernels() ran in this process
 MAX_MEASURED_FLOOR = 0.5
-# The busy-batch guard re-tries a losing mode every 64 steps; one that lost by 1.25x or more waits twice
-# as long before the next re-try, up to this many steps.
-GUARD_MAX_RETRY_STEPS = 512
-# Drafting state kept for requests absent from the batch (preempted), least recently used evicted beyond it.
-MAX_DORMANT_REQUESTS = 256
 """A measured floor (``measured_floor``) is capped here: a price above 0.5 -- drafting only tokens
 committed more often than not -- is more likely a noisy fit than a row that dear."""
+GUARD_MAX_RETRY_STEPS = 512
+"""The busy-batch guard re-tries a losing mode every 64 steps; one that lost by 1.25x or more waits twice
+as long before the next re-try, up to this many steps."""
+MAX_DORMANT_REQUESTS = 256
+"""Drafting state kept for requests absent from the batch (preempted), least recently used evicted beyond it."""
 
 
 def compile_kernels() -> None:
@@ -87,7 +87,6 @@ class LookaheadDrafter:
         self.cfg = cfg
         self.k = num_speculative_tokens
         self.batch = BatchRows(self.k)  # per-request state, one slot per request
-        self.max_dormant = MAX_DORMANT_REQUESTS  # preempted requests' state kept (tests lower it)
         # the last batch (request ids in row order, their set, slots) while no row changed
         self._batch_rows: tuple[list[str], set[str], list[int]] | None = None
         self._floors: dict[tuple[int, str], float] = {}  # (rows, guard mode) -> floor
@@ -210,7 +209,7 @@ class LookaheadDrafter:
         else:
             self._batch_rows = None
             live, slots_l = set(req_ids), None
-            b.retire(b.active.keys() - live, self.max_dormant)
+            b.retire(b.active.keys() - live, MAX_DORMANT_REQUESTS)
         mode = self._guard(live, new_counts)
         if slots_l is None:
             active = b.active
