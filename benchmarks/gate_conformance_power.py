@@ -61,6 +61,44 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, c - h), min(1.0, c + h)
 
 
+def late_triples(run: Any) -> list[tuple[float, float, float] | None]:
+    """Per scored sample, the (excess, null variance, tokens) sums of its tokens at draft position >= 2."""
+    return [x.get("late_excess") if x.get("late_excess") and x["late_excess"][2] else None
+            for x in run.scores or []]
+
+
+def late_chart_false_alarms(run: Any, shift: float) -> dict[str, Any] | None:
+    """The sidecar's late-draft-position chart on this exact stream: false alarms per 1M samples.
+
+    As ``sidecar_conformance.false_alarms`` certifies the other two charts: Siegmund's run length for
+    Gaussian increments with the stream's per-token mean and sd, at the point estimate and at the 95%
+    bound of |mean|, in samples via the stream's late tokens per sample.  Per sample the scorer keeps
+    the sums (excess, null variance, tokens) of its late tokens, so x = s / sqrt(vbar) has mean
+    sum(s) / n / sqrt(vbar), and sd^2 = sum over samples of (sum s)^2 / sum(v) (1 under the null: the
+    sum of a sample's scores is a martingale with that predictable variance)."""
+    import numpy as np
+    from sidecar_conformance import siegmund_arl_two_sided
+
+    from quality_sidecar.detectors.likelihood import ConformanceChart
+
+    trip = [t for t in late_triples(run) if t]
+    if not trip:
+        return None
+    s_, v_, n_ = (np.array([t[i] for t in trip], float) for i in range(3))
+    vbar = v_.sum() / n_.sum()
+    mu = s_.sum() / n_.sum() / math.sqrt(vbar)
+    sd = math.sqrt((s_ ** 2).sum() / v_.sum())
+    bound = abs(mu) + 1.96 * sd / math.sqrt(n_.sum())
+    late = ConformanceChart(late_shift=shift).late
+    per_sample = n_.sum() / len(run.scores or [])
+    rate = {key: 1e6 * per_sample / siegmund_arl_two_sided(m, d, late.threshold_, late.k_)
+            for key, m, d in (("at_mean", mu, sd), ("at_bound95", bound, sd), ("exact_null", 0.0, 1.0))}
+    return {"late_tokens": int(n_.sum()), "samples": len(run.scores or []), "late_tokens_per_sample": per_sample,
+            "x_mean_per_token": mu, "x_sd": sd, "x_mean_abs_bound95": bound,
+            **{f"per_1M_samples_{k}": v for k, v in rate.items()},
+            "method": "Siegmund ARL for Gaussian increments (late chart's k, h at the default ert_tokens)"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(Path(__file__).resolve().parents[1] / "models" / "demo-code-4l"))
@@ -164,41 +202,6 @@ def main() -> None:
         z = (totals[0] / R) / math.sqrt(totals[1] / R)
         return {"nats_per_token": totals[0] / max(1, totals[2]), "tokens_per_replicate": totals[2] / R,
                 "z_per_replicate": z, "power_at_alpha_over_m": excess_power(z, sp["alpha"], m)}
-
-    def late_triples(run: RunResult) -> list[tuple[float, float, float] | None]:
-        """Per scored sample, the (excess, null variance, tokens) sums of its tokens at draft position >= 2."""
-        return [x.get("late_excess") if x.get("late_excess") and x["late_excess"][2] else None
-                for x in run.scores or []]
-
-    def late_chart_false_alarms(run: RunResult, shift: float) -> dict[str, Any] | None:
-        """The sidecar's late-draft-position chart on this exact stream: false alarms per 1M samples.
-
-        As ``sidecar_conformance.false_alarms`` certifies the other two charts: Siegmund's run length for
-        Gaussian increments with the stream's per-token mean and sd, at the point estimate and at the 95%
-        bound of |mean|, in samples via the stream's late tokens per sample.  Per sample the scorer keeps
-        the sums (excess, null variance, tokens) of its late tokens, so x = s / sqrt(vbar) has mean
-        sum(s) / n / sqrt(vbar), and sd^2 = sum over samples of (sum s)^2 / sum(v) (1 under the null: the
-        sum of a sample's scores is a martingale with that predictable variance)."""
-        from sidecar_conformance import siegmund_arl_two_sided
-
-        from quality_sidecar.detectors.likelihood import ConformanceChart
-
-        trip = [t for t in late_triples(run) if t]
-        if not trip:
-            return None
-        s_, v_, n_ = (np.array([t[i] for t in trip], float) for i in range(3))
-        vbar = v_.sum() / n_.sum()
-        mu = s_.sum() / n_.sum() / math.sqrt(vbar)
-        sd = math.sqrt((s_ ** 2).sum() / v_.sum())
-        bound = abs(mu) + 1.96 * sd / math.sqrt(n_.sum())
-        late = ConformanceChart(late_shift=shift).late
-        per_sample = n_.sum() / len(run.scores or [])
-        rate = {key: 1e6 * per_sample / siegmund_arl_two_sided(m, d, late.threshold_, late.k_)
-                for key, m, d in (("at_mean", mu, sd), ("at_bound95", bound, sd), ("exact_null", 0.0, 1.0))}
-        return {"late_tokens": int(n_.sum()), "samples": len(run.scores or []), "late_tokens_per_sample": per_sample,
-                "x_mean_per_token": mu, "x_sd": sd, "x_mean_abs_bound95": bound,
-                **{f"per_1M_samples_{k}": v for k, v in rate.items()},
-                "method": "Siegmund ARL for Gaussian increments (late chart's k, h at the default ert_tokens)"}
 
     def late_chart_delays(run: RunResult, shift: float, orders: int = 20) -> dict[str, Any]:
         """Samples until the late-draft-position chart (``ConformanceChart(late_shift=shift).late``, the
