@@ -84,18 +84,21 @@ def test_importing_the_package_does_not_import_vllm():
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("batching,interleave", [("continuous", "methods"), ("static", "methods"),
-                                                  ("continuous", "chunks")])
-def test_bench_end_to_end_writes_json_and_plot(tmp_path, batching, interleave):
+@pytest.mark.parametrize("batching,interleave,isolation", [("continuous", "methods", "process"),
+                                                            ("static", "chunks", "none")])
+def test_bench_end_to_end_writes_json_and_plot(tmp_path, batching, interleave, isolation):
     """A tiny real run of the benchmark: every method and batch size reported, outputs identical to
-    `none`, lookahead's proposer profiled, JSON + plot written -- also with the methods' engines side
-    by side, interleaved by chunks of prompts (6 prompts: chunks of 4 and 2 at batch 1, one of 6 at 3)."""
+    `none`, lookahead's proposer profiled, JSON + plot written.  The defaults (continuous batching, one
+    method after the other, each in a fresh process), and every other choice in one run: static
+    batches, the methods' engines side by side in this process, interleaved by chunks of prompts
+    (6 prompts: chunks of 4 and 2 at batch 1, one of 6 at 3)."""
     import json
 
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, "-m", "vllm_lookahead.cli", "bench", "--prompts", "open", "--n", "6",
                         "--methods", "none lookahead:k=4", "--batch-sizes", "1,3", "--max-tokens", "12",
-                        "--batching", batching, "--interleave", interleave, "--json", str(out)],
+                        "--batching", batching, "--interleave", interleave, "--isolation", isolation,
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(out.read_text())
