@@ -73,7 +73,7 @@ def main() -> None:
         "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpu_count": os.cpu_count(), "note": "2-core machine; timings are upper bounds"},
         "model": args.model, "decoder": args.spec, "prompts": f"{len(prompts)} held-out {args.prompts} prompts",
-        "samples_per_prompt": args.samples, "profiles": [p.label for p in profiles], "max_tokens": args.max_tokens,
+        "n_prompts": len(prompts), "samples_per_prompt": args.samples, "bound_confidence_percent": 95, "profiles": [p.label for p in profiles], "max_tokens": args.max_tokens,
         "samples": len(run.records), "tokens": tokens,
         "scoring_check_max_abs_logprob_diff": run.scoring_check,
         "sidecar_default_late_shift": ConformanceConfig().late_shift,
