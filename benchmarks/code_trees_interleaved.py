@@ -58,8 +58,10 @@ def _worker(tree: str, conn: Any, model: str, bench_argv: list[str]) -> None:
             engines = [bench._engine(model, bench.parse_spec(t), bs, [bs], args) for t in specs]
             prompts = bench._fitting(engines[0][0], prompts, max(bench.parse_spec(t).k for t in specs),
                                      args.max_tokens)
-            for e in engines:  # (no loop variable may outlive this: a freed engine tears down vLLM's
-                e[0].generate(bench.WARMUP_PROMPTS, sp, use_tqdm=False)  # process-wide parallel state)
+            # no name may keep an engine past this step: freeing the previous round's last engine
+            # after new ones exist tears down vLLM's process-wide parallel state under them
+            for e in engines:
+                e[0].generate(bench.WARMUP_PROMPTS, sp, use_tqdm=False)
             del e
             measured = [bench._Measured() for _ in specs]
             conn.send(prompts)

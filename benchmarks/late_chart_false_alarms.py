@@ -3,10 +3,10 @@
 The chart sees only tokens committed at draft position >= 2.  On the gate's default eval set those
 are ~0.1 per sample, so a 6k-sample exact stream holds a few hundred of them, and the 95% bound of the
 stream's per-token drift is too wide to certify <= 1 false alarm per 1M samples.  Copy-heavy prompts
-(held-out stdlib code that repeats an earlier block) make the exact decoder accept long drafts at
-T > 0 too, so the same sampling profiles give tens of thousands of late tokens in minutes.  The
-certification is conservative for streams with fewer late tokens per sample (fewer chances to alarm
-per sample).
+(held-out stdlib code that repeats an earlier block) make the exact decoder accept longer drafts at
+T > 0 too, so the same sampling profiles give several times as many late tokens per sample; a tight
+bound still needs tens of thousands of them (``--n`` x ``--samples``).  A rate per sample measured
+here is conservative for streams with fewer late tokens per sample (fewer chances to alarm per sample).
 
 One engine run of the exact decoder (default ``lookahead:k=8``) draws ``--samples`` samples per prompt
 with the gate's default sampling profiles; one scoring engine (no speculation) scores them; then
@@ -73,7 +73,8 @@ def main() -> None:
         "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpu_count": os.cpu_count(), "note": "2-core machine; timings are upper bounds"},
         "model": args.model, "decoder": args.spec, "prompts": f"{len(prompts)} held-out {args.prompts} prompts",
-        "n_prompts": len(prompts), "samples_per_prompt": args.samples, "bound_confidence_percent": 95, "profiles": [p.label for p in profiles], "max_tokens": args.max_tokens,
+        "n_prompts": len(prompts), "samples_per_prompt": args.samples, "bound_confidence_percent": 95,
+        "profiles": [p.label for p in profiles], "max_tokens": args.max_tokens,
         "samples": len(run.records), "tokens": tokens,
         "scoring_check_max_abs_logprob_diff": run.scoring_check,
         "sidecar_default_late_shift": ConformanceConfig().late_shift,
