@@ -24,9 +24,14 @@ def make_llm(model: str, decoder: DecoderSpec, *, dtype: str = "float32", max_mo
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    from vllm_lookahead.vllm.fixes import apply_tool_fixes, fix_cpu_expand_if_broken
+    from vllm_lookahead.vllm.fixes import (
+        apply_tool_fixes,
+        fix_cpu_expand_if_broken,
+        use_loadable_compile_cache,
+    )
 
     apply_tool_fixes()  # several engines in one process (bench, demo): the rebind scan fix, if needed
+    use_loadable_compile_cache()  # with --compile: a cache that loads at the next start
     kwargs: dict[str, Any] = dict(
         model=model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
         enforce_eager=enforce_eager, distributed_executor_backend="uni", disable_log_stats=False,

@@ -1,7 +1,7 @@
 """``vllm-lookahead serve MODEL [vllm serve options]``: vLLM's own ``vllm serve``, made to run here.
 
-It is vLLM's CLI (``vllm.entrypoints.cli.main``) with two differences, both needed for what the
-README promises:
+It is vLLM's CLI (``vllm.entrypoints.cli.main``) with three differences, the first two needed for what
+the README promises:
 
 * it runs with the CPU wheel, whose ``vllm`` console script fails at start-up (``vllm/serve_patch.py``
   says where and why); on a CUDA install nothing is patched and it is exactly ``vllm serve``;
@@ -9,7 +9,8 @@ README promises:
   speculation token for token" is measured in float32.  In bfloat16, verifying k draft tokens in one
   forward can round differently from decoding them one by one, so outputs may diverge after a few
   tokens -- a property of bf16 batch shapes, not of the drafts (docs/lookahead.md).  Pass
-  ``--dtype bfloat16`` (or ``auto``) explicitly for speed.
+  ``--dtype bfloat16`` (or ``auto``) explicitly for speed;
+* on CPU, vLLM's compile cache is one that loads at the next start (``vllm/fixes.py``, fix 3).
 
 Any other argument goes to vLLM unchanged; ``vllm-lookahead serve --help`` prints vLLM's help.
 """
@@ -30,9 +31,11 @@ def with_default_dtype(args: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[2:] if argv is None else argv)
+    from vllm_lookahead.vllm.fixes import use_loadable_compile_cache
     from vllm_lookahead.vllm.serve_patch import install_cli_version_fix
 
     install_cli_version_fix()
+    use_loadable_compile_cache()  # a restarted server loads its compiled model instead of compiling again
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", "serve", *with_default_dtype(args)]

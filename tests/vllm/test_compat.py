@@ -3,6 +3,8 @@ exists for (the probe that decides whether to apply it) and that the replacement
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -100,3 +102,24 @@ def test_rebind_probe_sees_the_scan_break():
     finally:
         if not was_applied:
             patches.revert("safe_rebind_kernels")
+
+
+def test_aot_cache_probe_sees_the_load_break_and_the_fix_only_sets_a_default(monkeypatch):
+    """vLLM 0.32 calls ``finalize_loading`` on every AOT-loaded function; on CPU torch wraps Inductor's
+    result in a class without it, so each compiled start compiles again.  The fix is an environment
+    default for vLLM's pre-AOT cache: set only where the probe sees the break, never over the user's."""
+    from vllm import envs
+
+    assert fixes.aot_cache_load_breaks() is True, "torch or vLLM fixed the AOT cache load: the default is now skipped"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert fixes.use_loadable_compile_cache() is False and envs.VLLM_USE_AOT_COMPILE is True
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
+    envs.enable_envs_cache()  # as after an engine's start-up in this process
+    try:
+        assert fixes.use_loadable_compile_cache() is True
+        assert envs.VLLM_USE_AOT_COMPILE is False  # vLLM's frozen view was refreshed
+    finally:
+        envs.disable_envs_cache()
+    monkeypatch.setattr(fixes, "aot_cache_load_breaks", lambda: False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
+    assert fixes.use_loadable_compile_cache() is False and "VLLM_USE_AOT_COMPILE" not in os.environ

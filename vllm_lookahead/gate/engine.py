@@ -143,9 +143,14 @@ class GateEngine:
             kwargs["max_model_len"] = self.opts.max_model_len
         if self.spec.speculative:
             kwargs["per_request_spec_decode_metrics"] = "detailed"
-        from vllm_lookahead.vllm.fixes import apply_tool_fixes, fix_cpu_expand_if_broken
+        from vllm_lookahead.vllm.fixes import (
+            apply_tool_fixes,
+            fix_cpu_expand_if_broken,
+            use_loadable_compile_cache,
+        )
 
         apply_tool_fixes()  # before: a second in-process engine (rebind scan fix, if the probe needs it)
+        use_loadable_compile_cache()  # the gate's engines compile: load the cache instead of compiling again
         if self.spec.speculative:  # the scheduler runs here: steps without drafts in the step lists
             from vllm_lookahead.vllm.spec_steps import install
 

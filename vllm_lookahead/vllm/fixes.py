@@ -27,10 +27,25 @@ the bug in the running process -- never by version number -- so a fixed vLLM is 
    (``apply_tool_fixes``), and so does the lookahead proposer before its drafter loads numba
    (``core/kernels.py``; never at import, so a first engine is safe): a user's process that starts a
    second engine after a lookahead one must not crash.  The replacement is the same scan, skipping non-dict namespaces.
+
+3. ``aot_compile_cache`` -- every compiled CPU engine start compiles again.
+   With torch >= 2.10 vLLM turns on AOT compilation (``envs.use_aot_compile``) and, at the next start,
+   loads the saved function and calls ``compiled_fn.finalize_loading`` on it
+   (``compilation/decorators.py`` ``_try_load_aot_compiled_fn``).  On the CPU platform the model is
+   compiled by torch's own Inductor backend, which torch wraps as ``BundledAOTAutogradSerializableCallable``
+   -- a class without ``finalize_loading`` -- so every load fails ("'function' object has no attribute
+   'finalize_loading'") and the model is compiled from scratch at every engine start, most of a
+   compiled engine's start-up on CPU.
+   Probe (``aot_cache_load_breaks``): CPU platform and torch's wrapper class lacks the method.  Fix:
+   ``VLLM_USE_AOT_COMPILE=0`` unless the user set it -- vLLM's own pre-AOT compile cache, which loads.
+   An environment default, not a patch: it must be in place before vLLM reads it in the engine
+   process, which ``vllm serve`` spawns.  Applied by ``vllm-lookahead serve`` and our in-process tools
+   (``engine.make_llm``, the gate), never by the plugin.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -160,3 +175,26 @@ def apply_tool_fixes() -> list[str]:
     except ImportError:  # another vLLM layout: nothing to fix
         pass
     return done
+
+
+def aot_cache_load_breaks() -> bool:
+    """Probe: would vLLM's AOT cache load call ``finalize_loading`` on a class that lacks it (CPU platform,
+    where torch's Inductor backend compiles the model)?"""
+    try:
+        from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+        from vllm.platforms import current_platform
+    except ImportError:  # a torch without AOT compile: vLLM does not use it
+        return False
+    return current_platform.is_cpu() and not hasattr(BundledAOTAutogradSerializableCallable, "finalize_loading")
+
+
+def use_loadable_compile_cache() -> bool:
+    """Before an engine starts (in this process or one it spawns): vLLM's pre-AOT compile cache where
+    the AOT cache cannot load (fix 3).  Leaves a ``VLLM_USE_AOT_COMPILE`` the user set alone.  True if set."""
+    if "VLLM_USE_AOT_COMPILE" in os.environ or not aot_cache_load_breaks():
+        return False
+    os.environ["VLLM_USE_AOT_COMPILE"] = "0"
+    from vllm import envs
+
+    envs.disable_envs_cache()  # an earlier engine in this process froze vLLM's view of the environment
+    return True
