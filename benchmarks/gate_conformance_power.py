@@ -68,35 +68,48 @@ def late_triples(run: Any) -> list[tuple[float, float, float] | None]:
 
 
 def late_chart_false_alarms(run: Any, shift: float) -> dict[str, Any] | None:
-    """The sidecar's late-draft-position chart on this exact stream: false alarms per 1M samples.
-
-    As ``sidecar_conformance.false_alarms`` certifies the other two charts: Siegmund's run length for
-    Gaussian increments with the stream's per-token mean and sd, at the point estimate and at the 95%
-    bound of |mean|, in samples via the stream's late tokens per sample.  Per sample the scorer keeps
-    the sums (excess, null variance, tokens) of its late tokens, so x = s / sqrt(vbar) has mean
-    sum(s) / n / sqrt(vbar), and sd^2 = sum over samples of (sum s)^2 / sum(v) (1 under the null: the
-    sum of a sample's scores is a martingale with that predictable variance)."""
+    """The sidecar's late-draft-position chart on this exact stream: false alarms per 1M samples
+    (``late_chart_rates`` on the stream's sums; None without late tokens)."""
     import numpy as np
-    from sidecar_conformance import siegmund_arl_two_sided
-
-    from quality_sidecar.detectors.likelihood import ConformanceChart
 
     trip = [t for t in late_triples(run) if t]
     if not trip:
         return None
     s_, v_, n_ = (np.array([t[i] for t in trip], float) for i in range(3))
-    vbar = v_.sum() / n_.sum()
-    mu = s_.sum() / n_.sum() / math.sqrt(vbar)
-    sd = math.sqrt((s_ ** 2).sum() / v_.sum())
-    bound = abs(mu) + 1.96 * sd / math.sqrt(n_.sum())
+    sums = {"s": float(s_.sum()), "v": float(v_.sum()), "n": float(n_.sum()), "s2": float((s_ ** 2).sum()),
+            "samples": len(run.scores or [])}
+    return late_chart_rates(sums, shift)
+
+
+def late_chart_rates(sums: dict[str, float], shift: float, samples_per_late_token: float | None = None) -> dict[str, Any]:
+    """False alarms per 1M samples of ``ConformanceChart(late_shift=shift).late`` on a stream given by its sums.
+
+    As ``sidecar_conformance.false_alarms`` certifies the other two charts: Siegmund's run length for
+    Gaussian increments with the stream's per-token mean and sd, at the point estimate and at the 95%
+    bound of |mean|, in samples via the stream's late tokens per sample.  Per sample the scorer keeps
+    the sums (excess s, null variance v, tokens n) of its late tokens, so x = s / sqrt(vbar) has mean
+    sum(s) / n / sqrt(vbar) with vbar = sum(v) / n, and sd^2 = sum(s^2) / sum(v) over samples (1 under
+    the null: the sum of a sample's scores is a martingale with that predictable variance).  The sums of
+    several exact streams add up (``pool``); ``samples_per_late_token`` overrides the stream's own
+    ratio (a pooled certificate uses the richest stream's, the conservative choice)."""
+    from sidecar_conformance import siegmund_arl_two_sided
+
+    from quality_sidecar.detectors.likelihood import ConformanceChart
+
+    n = sums["n"]
+    vbar = sums["v"] / n
+    mu = sums["s"] / n / math.sqrt(vbar)
+    sd = math.sqrt(sums["s2"] / sums["v"])
+    bound = abs(mu) + 1.96 * sd / math.sqrt(n)
     late = ConformanceChart(late_shift=shift).late
-    per_sample = n_.sum() / len(run.scores or [])
+    per_sample = n / sums["samples"] if samples_per_late_token is None else 1.0 / samples_per_late_token
     rate = {key: 1e6 * per_sample / siegmund_arl_two_sided(m, d, late.threshold_, late.k_)
             for key, m, d in (("at_mean", mu, sd), ("at_bound95", bound, sd), ("exact_null", 0.0, 1.0))}
-    return {"late_tokens": int(n_.sum()), "samples": len(run.scores or []), "late_tokens_per_sample": per_sample,
+    return {"late_tokens": int(n), "samples": int(sums["samples"]), "late_tokens_per_sample": per_sample,
             "x_mean_per_token": mu, "x_sd": sd, "x_mean_abs_bound95": bound,
             **{f"per_1M_samples_{k}": v for k, v in rate.items()},
-            "method": "Siegmund ARL for Gaussian increments (late chart's k, h at the default ert_tokens)"}
+            "method": "Siegmund ARL for Gaussian increments (late chart's k, h at the default ert_tokens)",
+            "sums": sums}
 
 
 def main() -> None:

@@ -15,6 +15,10 @@ estimate and at its 95% bound) at each ``--late-shifts`` value.
 
     python benchmarks/late_chart_false_alarms.py --n 400 --samples 6 \\
         --out benchmarks/results/late_chart_false_alarms_copy.json
+
+Independent exact streams of the same decoder add up: ``--pool A.json B.json ...`` writes the chart's
+rates on the union of their late tokens (from each file's sums; no engine), in samples at the
+richest stream's late tokens per sample (the conservative choice: more chances to alarm per sample).
 """
 
 from __future__ import annotations
@@ -39,8 +43,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--late-shifts", default="0.2", help="late chart shifts (default: the sidecar's 0.2)")
+    ap.add_argument("--pool", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="no run: pool these result files' late tokens (independent exact streams)")
     ap.add_argument("--out", required=True, type=Path, help="JSON result file")
     args = ap.parse_args()
+    if args.pool:
+        return pool(args.pool, args.out)
 
     # this script's directory is on sys.path
     from gate_conformance_power import late_chart_false_alarms
@@ -83,13 +91,50 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, default=float) + "\n")
+    report(by_shift)
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+def pool(files: list[Path], out_path: Path) -> None:
+    """The late chart's rates on the union of several exact streams' late tokens (their sums add)."""
+    from gate_conformance_power import late_chart_rates  # this script's directory is on sys.path
+
+    runs = [json.loads(f.read_text()) for f in files]
+    decoders = {r["decoder"] for r in runs}
+    if len(decoders) != 1:
+        sys.exit(f"--pool: one decoder's streams only, got {sorted(decoders)}")
+    shifts = sorted(set.intersection(*(set(r["late_chart"]) for r in runs)), key=float)
+    if not shifts:
+        sys.exit("--pool: the files share no late shift")
+    by_shift = {}
+    for sh in shifts:
+        parts = [r["late_chart"][sh]["sums"] for r in runs]
+        sums = {k: sum(p[k] for p in parts) for k in ("s", "v", "n", "s2", "samples")}
+        richest = max(p["n"] / p["samples"] for p in parts)
+        by_shift[sh] = late_chart_rates(sums, float(sh), samples_per_late_token=1.0 / richest)
+    out = {
+        "command": "python " + " ".join(sys.argv),
+        "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "pooled_files": [str(f) for f in files], "decoder": decoders.pop(),
+        "streams": [{"file": str(f), "prompts": r["prompts"], "samples": r["samples"], "tokens": r["tokens"],
+                     "profiles": r["profiles"]} for f, r in zip(files, runs)],
+        "samples": sum(r["samples"] for r in runs), "tokens": sum(r["tokens"] for r in runs),
+        "bound_confidence_percent": 95,
+        "late_tokens_per_sample_note": "rates per sample at the richest stream's late tokens per sample",
+        "late_chart": by_shift,
+    }
+    out_path.write_text(json.dumps(out, indent=1, default=float) + "\n")
+    report(by_shift)
+    print(f"wrote {out_path}", file=sys.stderr)
+
+
+def report(by_shift: dict) -> None:
     for sh, r in by_shift.items():
         if r:
             print(f"late shift {sh}: {r['late_tokens']} late tokens in {r['samples']} samples; drift "
                   f"{r['x_mean_per_token']:+.4f} sd/token (95% bound {r['x_mean_abs_bound95']:.4f}); false alarms per "
                   f"1M samples {r['per_1M_samples_at_mean']:.3g} at the drift, {r['per_1M_samples_at_bound95']:.3g} "
                   "at its 95% bound", file=sys.stderr)
-    print(f"wrote {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
