@@ -98,6 +98,8 @@ def pool(files: list[Path], out_path: Path) -> None:
     """The late chart's rates on the union of several exact streams' late tokens (their sums add)."""
     from gate_conformance_power import late_chart_rates  # this script's directory is on sys.path
 
+    from quality_sidecar.baseline_scoring import ConformanceConfig
+
     runs = [json.loads(f.read_text()) for f in files]
     decoders = {r["decoder"] for r in runs}
     if len(decoders) != 1:
@@ -118,7 +120,7 @@ def pool(files: list[Path], out_path: Path) -> None:
         "streams": [{"file": str(f), "prompts": r["prompts"], "samples": r["samples"], "tokens": r["tokens"],
                      "profiles": r["profiles"]} for f, r in zip(files, runs)],
         "samples": sum(r["samples"] for r in runs), "tokens": sum(r["tokens"] for r in runs),
-        "bound_confidence_percent": 95,
+        "bound_confidence_percent": 95, "sidecar_default_late_shift": ConformanceConfig().late_shift,
         "late_tokens_per_sample_note": "rates per sample at the richest stream's late tokens per sample",
         "late_chart": by_shift,
     }
