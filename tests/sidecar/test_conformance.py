@@ -139,6 +139,21 @@ def test_impossible_tokens_are_counted_not_scored() -> None:
     assert exact.out_of_support == 200
 
 
+def test_min_p_violations_are_counted_and_named_min_p() -> None:
+    """A decoder that ignores min-p (vLLM 0.32 refuses min-p requests with speculation, so no in-process
+    fault exists): tokens below min_p x the top token's probability are impossible, named min_p."""
+    params = SamplerParams(1.0, min_p=0.1)
+    lp, _ = _stream(SamplerParams(1.0), 200, seed=6)
+    rows = np.arange(200)
+    last = np.argmin(lp, axis=1)  # the least likely token of each row
+    s = score_full(lp, last, params, np.random.default_rng(0))
+    below = (lp[rows, last] - lp.max(axis=1)) < math.log(params.min_p) - 2 * OOS_TOLERANCE_NATS
+    clear = int(below.sum())
+    assert clear > 0 and s.out_of_support == clear and s.oos_reasons == {"min_p": clear}
+    first = np.argmax(lp, axis=1)  # the most likely token is never below min-p
+    assert score_full(lp, first, params, np.random.default_rng(0)).out_of_support == 0
+
+
 def test_anderson_darling_pvalues_hold_at_small_alpha() -> None:
     """The gate uses alpha ~1e-3 after adjustment: simulate 200k null statistics at n = 50 (the
     1e-4 level is in the asymptotic-tail branch, z > 8)."""
