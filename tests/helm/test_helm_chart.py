@@ -251,6 +251,8 @@ def test_baseline_arm_has_no_lookahead(render) -> None:
     env = container_env(base)
     assert env["VLLM_LOOKAHEAD_ARM"]["value"] == "baseline" and "VLLM_LOOKAHEAD_CONFIG" not in env
     assert base["args"][0] == cand["args"][0]  # same model
+    # the sidecar scores T>0 samples with K = top-k log-probs of the baseline: a cap above vLLM's 20
+    assert _flag(base["args"], "--max-logprobs") == "100" and _flag(cand["args"], "--max-logprobs") is None
     assert (
         component(docs, "Service", "baseline")["spec"]["selector"]["app.kubernetes.io/component"]
         == "baseline"

@@ -103,6 +103,9 @@ spec:
             {{- if .lookahead }}
             - {{ printf "--speculative-config=%s" (include "vllm-lookahead.speculativeConfig" $root) | quote }}
             - {{ printf "--additional-config=%s" (include "vllm-lookahead.additionalConfig" $root) | quote }}
+            {{- else if gt (int $v.baseline.maxLogprobs) 0 }}
+            # the sidecar's scorer: top-K log-probs with K up to a sample's top-k (impossible tokens)
+            - --max-logprobs={{ $v.baseline.maxLogprobs }}
             {{- end }}
             {{- if and $v.telemetry.otel.enabled $v.telemetry.otel.vllmTraces }}
             - --otlp-traces-endpoint={{ $v.telemetry.otel.endpoint }}
