@@ -24,9 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-
-def bucket_of(rows: int) -> int:
-    return 1 << (max(rows, 1) - 1).bit_length()
+from vllm_lookahead.core.row_price import batch_bucket
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -35,7 +33,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     agg: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])
     for run in runs:
         for rows, drafts, prompt, dt in run["steps"]:
-            a = agg["prefill" if prompt else str(bucket_of(rows))]
+            a = agg["prefill" if prompt else str(batch_bucket(rows))]
             a[0] += 1
             a[1] += dt
             a[2] += drafts
@@ -63,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm_lookahead.decoders import parse_spec
     from vllm_lookahead.engine import make_llm
+    from vllm_lookahead.vllm.step_counter import carries_prompt_tokens
 
     lines = [json.loads(x)["prompt"] for x in Path(args.prompts).read_text().splitlines() if x.strip()]
     prompts = [lines[i % len(lines)] for i in range(args.n or len(lines))]
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             rows = len(so.num_scheduled_tokens)
             drafts = sum(len(d) for d in so.scheduled_spec_decode_tokens.values())
-            steps.append((rows, drafts, so.total_num_scheduled_tokens > rows + drafts, time.perf_counter() - t))
+            steps.append((rows, drafts, carries_prompt_tokens(so), time.perf_counter() - t))
 
     GPUModelRunner.execute_model = timed
     specs = [s.strip() for s in args.methods.split(";") if s.strip()]
