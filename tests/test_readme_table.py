@@ -45,11 +45,14 @@ def test_qualifies_rejects_an_override_or_a_missing_baseline() -> None:
     assert not gen.qualifies({**base, "results": [*base["results"][:3], {**base["results"][3], "method": "lookahead:k=4"}]})
 
 
-def test_a_peer_at_another_k_runs_beside_the_four_rows() -> None:
+def test_a_peer_or_lookahead_at_another_k_runs_beside_the_four_rows() -> None:
     recs = [{"method": m, "by_batch_size": {b: {"speedup_vs_none_median": 1.0} for b in ("1", "8", "32")}}
             for m in ("none", "ngram:k=8", "suffix:k=4", "suffix:k=8", "lookahead:k=8")]
     data = {"command": "x", "interleave": "chunks", "repeats": 3, "prompts": "/x/real_chat.jsonl",
             "model": "/cache/smollm2-135m-instruct", "results": recs}
     assert [r["method"] for r in gen.headline(data)] == ["none", "ngram:k=8", "suffix:k=8", "lookahead:k=8"]
+    # lookahead at another k beside the default: the default's row
+    other_k = {**data, "results": [*recs[:4], {**recs[4], "method": "lookahead:k=4"}, recs[4]]}
+    assert [r["method"] for r in gen.headline(other_k)] == ["none", "ngram:k=8", "suffix:k=8", "lookahead:k=8"]
     assert gen.prompt_set(data) == "smollm2-135m-instruct, real_chat"
     assert gen.prompt_set({"prompts": "open", "model": "/w/models/demo-code-4l"}) == "open"
