@@ -5,7 +5,7 @@ Source: per model and prompt set, the newest JSON in ``benchmarks/results/`` (to
 that is one ``vllm-lookahead bench`` invocation comparing ``none``, ``ngram:k=K``, ``suffix:k=K`` and the
 default ``lookahead:k=K`` (no config overrides in the SPEC; more baselines, e.g. suffix at another k, may
 run beside them and count as peers in "over the best baseline"; lookahead at another k may run beside
-``DEFAULT_LOOKAHEAD``) at batch sizes 1, 8 and 32, methods
+``vllm_lookahead.decoders.DEFAULT_DECODER``) at batch sizes 1, 8 and 32, methods
 interleaved chunk by chunk (``--interleave chunks``), with at least 3 repeats.  "Newest" is the file's own
 ``time`` field.  Record a new such run after a change of the default and this table follows it.
 
@@ -33,9 +33,10 @@ TARGETS = {ROOT / "README.md": False, RESULTS / "README.md": True}  # path -> de
 BEGIN, END = "<!-- table:begin -->", "<!-- table:end -->"
 BATCHES = ("1", "8", "32")
 PROMPT_ORDER = ("open", "copy")
-DEFAULT_LOOKAHEAD = "lookahead:k=8"
-"""The default decoder (``bench``'s default methods, the gate's default candidate): the row shown for a
-file that also ran lookahead at another k (listed as "also run")."""
+sys.path.insert(0, str(ROOT))
+
+# the default decoder is the row shown for a file that also ran lookahead at another k (listed as "also run")
+from vllm_lookahead.decoders import DEFAULT_DECODER  # noqa: E402 (after the path set-up; no vLLM)
 
 
 def _spec_k(method: str, name: str) -> str | None:
@@ -53,7 +54,7 @@ def headline(data: object) -> list[dict] | None:
         return None
     looks = [r for r in recs if r["method"].startswith("lookahead")]
     if len(looks) > 1:
-        looks = [r for r in looks if r["method"] == DEFAULT_LOOKAHEAD]
+        looks = [r for r in looks if r["method"] == DEFAULT_DECODER]
     if len(looks) != 1 or _spec_k(looks[0]["method"], "lookahead") is None:
         return None
     k = _spec_k(looks[0]["method"], "lookahead")

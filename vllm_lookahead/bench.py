@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_lookahead.decoders import SpecError, parse_spec
+from vllm_lookahead.decoders import DEFAULT_DECODER, SpecError, parse_spec
 from vllm_lookahead.engine import StepCounter, make_llm
 
 
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", default="open",
                     help="open | copy | mixed (held-out stdlib test/ code) or a JSONL file with a 'prompt' field")
     ap.add_argument("--n", type=int, default=64, help="number of prompts (default 64)")
-    ap.add_argument("--methods", default="none,ngram:k=8,suffix:k=8,lookahead:k=8",
+    ap.add_argument("--methods", default=f"none,ngram:k=8,suffix:k=8,{DEFAULT_DECODER}",
                     help="decoder specs separated by commas or spaces, e.g. 'none ngram:k=4,n_min=1 lookahead:k=4,ngram=3'"
                          " (SPEC syntax: docs/gate.md)")
     ap.add_argument("--batch-sizes", default="1,8,32", help="concurrent requests (see --batching)")

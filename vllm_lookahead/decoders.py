@@ -37,6 +37,9 @@ from typing import Any
 from vllm_lookahead.core.config import K_LIMITS
 
 LOOKAHEAD_CLASS = "vllm_lookahead.LookaheadProposer"
+DEFAULT_DECODER = "lookahead:k=8"
+"""The project's default decoder, the one its CLIs run and its README reports: ``num_speculative_tokens``
+8 is the longest draft, the drafter decides each draft's length (docs/lookahead.md)."""
 NGRAM_KEYS = ("n_min", "n_max", "kbs")
 # suffix SPEC key -> vLLM SpeculativeConfig field (vLLM's defaults when a key is left out)
 SUFFIX_KEYS = {"depth": "suffix_decoding_max_tree_depth", "spec_factor": "suffix_decoding_max_spec_factor",

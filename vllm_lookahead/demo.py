@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from vllm_lookahead import bench
+from vllm_lookahead.decoders import DEFAULT_DECODER
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=16, help="held-out prompts (default 16)")
     ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args(argv)
-    forwarded = ["--n", str(args.n), "--max-tokens", str(args.max_tokens), "--methods", "none,lookahead:k=8",
+    forwarded = ["--n", str(args.n), "--max-tokens", str(args.max_tokens), "--methods", f"none,{DEFAULT_DECODER}",
                  "--batch-sizes", "1", "--prompts", "mixed"]
     if args.model:
         forwarded += ["--model", args.model]

@@ -8,8 +8,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "smollm2-135m-instruct"
 SUMS = ROOT / "models" / f"{NAME}.sha256"
-# The README's default: `num_speculative_tokens` 8 is the longest draft, the drafter decides the rest.
-DEFAULT_LOOKAHEAD = "lookahead:k=8"
 
 # Chat-formatted prompts (the model's own template is applied by vLLM): questions, instructions, and
 # requests that quote text or code to rework, where copying from the prompt pays off.

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from real_model_support import DEFAULT_LOOKAHEAD
+
+from vllm_lookahead.decoders import DEFAULT_DECODER
 
 pytestmark = [pytest.mark.real_model]
 
@@ -39,7 +40,7 @@ def _gate(model: Path, report: Path, *extra: str) -> tuple[subprocess.CompletedP
 
 
 def test_real_model_gate_default_run_passes_lookahead(real_model: Path, tmp_path: Path) -> None:
-    proc, result = _gate(real_model, tmp_path / "report", "--candidate", DEFAULT_LOOKAHEAD)
+    proc, result = _gate(real_model, tmp_path / "report", "--candidate", DEFAULT_DECODER)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "verdict: PASS" in proc.stdout
     assert result["exact_match"]["candidate"]["mismatches"] == 0

@@ -8,7 +8,9 @@ from __future__ import annotations
 import gc
 
 import pytest
-from real_model_support import CHAT_PROMPTS, DEFAULT_LOOKAHEAD, chat_messages
+from real_model_support import CHAT_PROMPTS, chat_messages
+
+from vllm_lookahead.decoders import DEFAULT_DECODER
 
 pytestmark = [pytest.mark.real_model]
 
@@ -27,7 +29,7 @@ def greedy_runs(real_model):
     convs = [chat_messages(p) for p in CHAT_PROMPTS]
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     runs: dict = {}
-    for spec in ("none", DEFAULT_LOOKAHEAD):
+    for spec in ("none", DEFAULT_DECODER):
         llm = make_llm(str(real_model), parse_spec(spec), max_model_len=1024, max_num_seqs=8)
         runs[spec] = {}
         for bs in BATCH_SIZES:
@@ -45,8 +47,8 @@ def greedy_runs(real_model):
 
 @pytest.mark.parametrize("bs", BATCH_SIZES)
 def test_real_model_greedy_float32_identical(greedy_runs, bs):
-    base, cand = greedy_runs["none"][bs], greedy_runs[DEFAULT_LOOKAHEAD][bs]
-    assert greedy_runs["none"][f"prompt_ids{bs}"] == greedy_runs[DEFAULT_LOOKAHEAD][f"prompt_ids{bs}"]
+    base, cand = greedy_runs["none"][bs], greedy_runs[DEFAULT_DECODER][bs]
+    assert greedy_runs["none"][f"prompt_ids{bs}"] == greedy_runs[DEFAULT_DECODER][f"prompt_ids{bs}"]
     mismatched = [i for i, (a, b) in enumerate(zip(base, cand, strict=True)) if a != b]
     firsts = {i: next((j for j, (x, y) in enumerate(zip(base[i], cand[i])) if x != y), min(len(base[i]), len(cand[i])))
               for i in mismatched}
@@ -69,7 +71,7 @@ def test_real_model_prompts_are_chat_formatted_and_answered(greedy_runs, real_mo
 def test_real_model_lookahead_really_speculated(greedy_runs):
     """Exactness would be vacuous if no draft were ever proposed or accepted."""
     drafted = accepted = 0
-    for m in greedy_runs[DEFAULT_LOOKAHEAD]["metrics1"]:
+    for m in greedy_runs[DEFAULT_DECODER]["metrics1"]:
         d = m.to_dict()
         drafted += d["num_draft_tokens"]
         accepted += d["num_accepted_draft_tokens"]

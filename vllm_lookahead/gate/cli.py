@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_lookahead.decoders import SPEC_HELP, SpecError, parse_spec
+from vllm_lookahead.decoders import DEFAULT_DECODER, SPEC_HELP, SpecError, parse_spec
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, EvalSetError, load_eval_set
 from vllm_lookahead.gate.policy import DEFAULT_POLICY, PolicyError, load_policy
 
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "model name (default: each server's first model)")
     ap.add_argument("--eval-set", default=str(DEFAULT_EVAL_SET), help="eval set JSONL (default: bundled stdlib set)")
     ap.add_argument("--baseline", default=None, help="baseline decoder SPEC (in-process; default: none)")
-    ap.add_argument("--candidate", default=None, help="candidate decoder SPEC (in-process; default: lookahead:k=8)")
+    ap.add_argument("--candidate", default=None, help=f"candidate decoder SPEC (in-process; default: {DEFAULT_DECODER})")
     ep = ap.add_argument_group("endpoint mode (two live OpenAI-compatible vLLM servers)")
     ep.add_argument("--baseline-url", default=None, help="baseline server, e.g. http://stable:8000")
     ep.add_argument("--candidate-url", default=None, help="candidate server, e.g. http://canary:8000")
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             baseline = candidate = None
         else:
             baseline = parse_spec(args.baseline or "none")
-            candidate = parse_spec(args.candidate or "lookahead:k=8")
+            candidate = parse_spec(args.candidate or DEFAULT_DECODER)
         policy = load_policy(args.policy)
         items = load_eval_set(args.eval_set, limit=args.limit,
                               tasks=[t for t in args.tasks.split(",") if t] if args.tasks else None)
