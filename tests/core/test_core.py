@@ -356,6 +356,27 @@ def test_draft_row_price_is_not_fooled_by_a_machine_that_slows_down_as_drafts_gr
     assert price.summary()["1"]["row_ms"] == pytest.approx(0.1, rel=0.15), price.summary()
 
 
+def test_a_bucket_without_its_own_row_cost_borrows_the_nearest_and_keeps_its_tokens_per_s():
+    """A batch that drains passes through small buckets in a few steps: priced after ``BORROW_EVERY`` of
+    its steps with the nearest fitted bucket's row cost and its own tokens/s, until it has a fit."""
+    from vllm_lookahead.core.row_price import BORROW_EVERY, DraftRowPrice
+
+    rng = np.random.default_rng(2)
+    price = DraftRowPrice()
+    assert price.price(16) is None
+    for _ in range(64):  # bucket 32: 2 ms per query row
+        drafts = int(rng.integers(0, 40))
+        price.observe(32, drafts, 32 + drafts // 3, 0.040 + 0.002 * (32 + drafts))
+    assert price.summary()["32"]["row_ms"] == pytest.approx(2.0, rel=0.01)
+    for _ in range(BORROW_EVERY):
+        assert price.price(12) is None  # not yet: fewer than BORROW_EVERY steps of its own
+        price.observe(12, 0, 12, 0.050)  # no drafts, rows constant: no slope of its own
+    got = price.summary()["16"]
+    assert got["row_cost_from"] == 32 and got["row_ms"] is None
+    assert price.price(12) == pytest.approx(0.002 * 12 / 0.050, rel=1e-6)
+    assert price.price(1) is None  # a bucket with no steps is not priced
+
+
 def test_the_docs_config_table_is_generated_from_the_config_and_current():
     """docs/lookahead.md's configuration table is scripts/gen_config_table.py's output for core/config.py;
     a hand edit or a new key without a regenerated table fails here."""

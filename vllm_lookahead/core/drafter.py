@@ -323,8 +323,9 @@ class LookaheadDrafter:
         batch's tokens/s grows with the batch.  The configured busy floor depends on k
         (``LookaheadConfig.busy_floor``).  With ``measured_floor`` (the default) that rule is applied to
         the engine's own measurements once a batch-size bucket has them: the floor is the measured price
-        of a draft row (``DraftRowPrice``) capped at ``MAX_MEASURED_FLOOR``, and never below ``chain_min_p``;
-        the configured floors serve until then."""
+        of a draft row (``DraftRowPrice``, a bucket without a row cost of its own priced with the nearest
+        bucket's) capped at ``MAX_MEASURED_FLOOR``, and never below ``chain_min_p``; the configured floors
+        serve until then."""
         lo, hi, top = self.cfg.chain_min_p, self.cfg.busy_floor(self.k), self.cfg.batch_size_threshold
         if self._measure_price:
             price = self.row_price.price(batch)

@@ -24,6 +24,11 @@ MIN_ROWS_SPREAD = 1.0
 one size cannot show."""
 
 
+BORROW_EVERY = 8
+"""A bucket without a row cost of its own (fewer than ``min_steps`` steps, or rows that do not vary) is
+priced every this many of its steps from its own tokens/s and the row cost of the nearest bucket that has one."""
+
+
 def _median(a: np.ndarray) -> float:
     """The (upper) median, by one partition: np.median's overhead is most of its time on ~256 values."""
     k = len(a) // 2
@@ -47,7 +52,12 @@ class DraftRowPrice:
     steps: the cost of a row is the slope of step time against query rows, fitted on consecutive steps'
     differences (``_refit`` says why), and tokens/s is the same steps' committed tokens over their time.
     ``price(rows)`` is None until a bucket has ``min_steps`` steps whose rows vary from step to step
-    (``MIN_ROWS_SPREAD``): the configured floors serve until then."""
+    (``MIN_ROWS_SPREAD``) -- unless another bucket has a row cost: then, from ``BORROW_EVERY`` steps on, the
+    bucket is priced with that row cost (the nearest bucket's) and its own tokens/s.  Why: a row's cost
+    is a property of the model and the machine much more than of the batch, while tokens/s is what grows
+    with it; a batch that drains (the tail of a burst of requests) passes through its smaller buckets in
+    too few steps for their own fits, and the configured floors can be far below a large model's price.
+    The configured floors serve while no bucket has a row cost."""
 
     def __init__(self, window: int = 256, min_steps: int = 32, refit_every: int = 32) -> None:
         self.window = window
@@ -61,6 +71,7 @@ class DraftRowPrice:
         self._idle_s: dict[int, float] = {}  # a gap longer than this is idle time (4x the median step)
         self._fit: dict[int, tuple[float, float]] = {}  # bucket -> (seconds per row, tokens/s)
         self._price: dict[int, float] = {}
+        self._borrowed: dict[int, int] = {}  # bucket -> the bucket whose row cost prices it
         self.version = 0  # bumped whenever a price changes (callers cache floors by it)
 
     def observe(self, rows: int, drafts: int, tokens: int, seconds: float) -> None:
@@ -82,6 +93,8 @@ class DraftRowPrice:
         if written + 1 >= self.min_steps and (bucket not in self._fit or self._since_fit[bucket] >= self.refit_every):
             self._since_fit[bucket] = 0
             self._refit(bucket)
+        elif self._row_s(bucket) is None and (written + 1) % BORROW_EVERY == 0:
+            self._set_price(bucket, self._borrowed_price(bucket))
 
     def _refit(self, bucket: int) -> None:
         """Row cost and tokens/s of the bucket's window -- ~0.1 ms, every ``refit_every`` steps.
@@ -123,10 +136,33 @@ class DraftRowPrice:
                 row_s = max(float(coef[0]), 0.0)  # a negative slope is noise: rows are then about free
                 price = row_s * tokens_per_s
         self._fit[bucket] = (row_s, tokens_per_s)
+        self._set_price(bucket, price if price is not None else self._borrowed_price(bucket))
+
+    def _row_s(self, bucket: int) -> float | None:
+        """The bucket's own fitted row cost (None: no fit, or its rows did not vary)."""
+        fit = self._fit.get(bucket)
+        return fit[0] if fit is not None and fit[0] == fit[0] else None
+
+    def _borrowed_price(self, bucket: int) -> float | None:
+        """The nearest bucket's row cost (ties: the larger bucket) x this bucket's own tokens/s."""
+        donors = [b for b in self._fit if b != bucket and self._row_s(b) is not None]
+        if not donors:
+            self._borrowed.pop(bucket, None)
+            return None
+        donor = min(donors, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
+        written = self._written[bucket]
+        data = self._steps[bucket][: min(written, self.window)]
+        self._borrowed[bucket] = donor
+        return float(self._row_s(donor) * data[:, 2].sum() / data[:, 3].sum())  # type: ignore[operator]
+
+    def _set_price(self, bucket: int, price: float | None) -> None:
         if price is None:
+            self._borrowed.pop(bucket, None)
             if self._price.pop(bucket, None) is not None:
                 self.version += 1
         elif self._price.get(bucket) != price:
+            if self._row_s(bucket) is not None:
+                self._borrowed.pop(bucket, None)
             self._price[bucket] = price
             self.version += 1
 
@@ -141,5 +177,6 @@ class DraftRowPrice:
             out[str(bucket)] = {"price": self._price.get(bucket),
                                 "row_ms": None if row_s != row_s else 1000 * row_s,
                                 "tokens_per_s": None if tokens_per_s != tokens_per_s else tokens_per_s,
-                                "steps": min(self._written[bucket], self.window)}
+                                "steps": min(self._written[bucket], self.window),
+                                "row_cost_from": self._borrowed.get(bucket, bucket)}
         return out
