@@ -71,7 +71,6 @@ class DraftRowPrice:
         self._idle_s: dict[int, float] = {}  # a gap longer than this is idle time (4x the median step)
         self._fit: dict[int, tuple[float, float]] = {}  # bucket -> (seconds per row, tokens/s)
         self._price: dict[int, float] = {}
-        self._borrowed: dict[int, int] = {}  # bucket -> the bucket whose row cost prices it
         self.version = 0  # bumped whenever a price changes (callers cache floors by it)
 
     def observe(self, rows: int, drafts: int, tokens: int, seconds: float) -> None:
@@ -106,11 +105,7 @@ class DraftRowPrice:
         memory fills, so a fit of levels credits the machine's drift to the rows (a fit of levels can price
         the same bucket very differently from run to run); two consecutive steps share the machine's
         state, and their difference cancels it."""
-        written = self._written[bucket]
-        data = self._steps[bucket][: min(written, self.window)]
-        if written > self.window:  # the ring buffer in time order
-            data = np.roll(data, -(written % self.window), axis=0)
-        rows, drafted, tokens, t = data.T
+        rows, drafted, tokens, t = self._window(bucket).T
         self._idle_s[bucket] = 4.0 * _median(t)
         tokens_per_s = float(tokens.sum() / t.sum())
         d_rows, d_drafted, d_t = np.diff(rows), np.diff(drafted), np.diff(t)
@@ -143,28 +138,40 @@ class DraftRowPrice:
         fit = self._fit.get(bucket)
         return fit[0] if fit is not None and fit[0] == fit[0] else None
 
-    def _borrowed_price(self, bucket: int) -> float | None:
-        """The nearest bucket's row cost (ties: the larger bucket) x this bucket's own tokens/s."""
-        donors = [b for b in self._fit if b != bucket and self._row_s(b) is not None]
-        if not donors:
-            self._borrowed.pop(bucket, None)
-            return None
-        donor = min(donors, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
+    def _window(self, bucket: int) -> np.ndarray:
+        """The bucket's latest steps (rows: query rows, drafted, tokens, seconds), oldest first."""
         written = self._written[bucket]
         data = self._steps[bucket][: min(written, self.window)]
-        self._borrowed[bucket] = donor
-        return float(self._row_s(donor) * data[:, 2].sum() / data[:, 3].sum())  # type: ignore[operator]
+        if written > self.window:  # the ring buffer in time order
+            data = np.roll(data, -(written % self.window), axis=0)
+        return data
+
+    def _donor(self, bucket: int) -> int | None:
+        """The nearest other bucket with a row cost of its own (ties: the larger bucket), or None."""
+        donors = [b for b in self._fit if b != bucket and self._row_s(b) is not None]
+        return min(donors, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b)) if donors else None
+
+    def _borrowed_price(self, bucket: int) -> float | None:
+        """The donor's row cost (``_donor``) x this bucket's own tokens/s."""
+        donor = self._donor(bucket)
+        if donor is None:
+            return None
+        _, _, tokens, t = self._window(bucket).T
+        return float(self._row_s(donor) * tokens.sum() / t.sum())  # type: ignore[operator]
 
     def _set_price(self, bucket: int, price: float | None) -> None:
         if price is None:
-            self._borrowed.pop(bucket, None)
             if self._price.pop(bucket, None) is not None:
                 self.version += 1
         elif self._price.get(bucket) != price:
-            if self._row_s(bucket) is not None:
-                self._borrowed.pop(bucket, None)
             self._price[bucket] = price
             self.version += 1
+
+    def _row_cost_from(self, bucket: int) -> int:
+        """The bucket whose row cost prices ``bucket``: its donor while it borrows one, else itself."""
+        borrows = self._row_s(bucket) is None and bucket in self._price
+        donor = self._donor(bucket) if borrows else None
+        return bucket if donor is None else donor
 
     def price(self, rows: int) -> float | None:
         """The measured price of a draft row in a step of ``rows`` requests (None: not measured yet)."""
@@ -178,5 +185,5 @@ class DraftRowPrice:
                                 "row_ms": None if row_s != row_s else 1000 * row_s,
                                 "tokens_per_s": None if tokens_per_s != tokens_per_s else tokens_per_s,
                                 "steps": min(self._written[bucket], self.window),
-                                "row_cost_from": self._borrowed.get(bucket, bucket)}
+                                "row_cost_from": self._row_cost_from(bucket)}
         return out
