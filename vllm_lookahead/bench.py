@@ -425,8 +425,9 @@ def plot(results: list[dict[str, Any]], reference: list[dict[str, Any]] | None, 
         ax.set_xticks(np.arange(len(batch_sizes)) + 0.4 - width / 2, [f"batch {b}" for b in batch_sizes])
         ax.set_title(title)
         ax.set_ylabel(unit)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()  # below the panels: inside, it hides bars
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
 
 
