@@ -69,6 +69,8 @@ def messages(n_open: int, n_copy: int) -> list[str]:
              if x.strip()]
     codes = [(it["prompt"] + it.get("reference", "")).strip() for it in items]
     codes = [c for c in codes if 120 <= len(c) <= 700]
+    if not 0 <= n_open <= len(OPEN) or not 0 <= n_copy <= len(codes):  # more would repeat a message
+        raise ValueError(f"--n-open takes 0..{len(OPEN)} and --n-copy 0..{len(codes)} (got {n_open}, {n_copy})")
     out = OPEN[:n_open]
     for i in range(n_copy):
         out.append(COPY_TASKS[i % len(COPY_TASKS)].format(code=codes[(7 * i) % len(codes)]))
@@ -79,15 +81,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="the converted model directory (its chat template)")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--n-open", type=int, default=len(OPEN), help=f"open messages (at most {len(OPEN)})")
+    ap.add_argument("--n-open", type=int, default=len(OPEN), help=f"open messages (0..{len(OPEN)})")
     ap.add_argument("--n-copy", type=int, default=len(OPEN), help="copy-heavy messages")
     args = ap.parse_args()
+    try:
+        msgs = messages(args.n_open, args.n_copy)
+    except ValueError as e:
+        ap.error(str(e))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(args.model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as f:
-        for m in messages(args.n_open, args.n_copy):
+        for m in msgs:
             text = tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False, add_generation_prompt=True)
             f.write(json.dumps({"prompt": text}) + "\n")
     print(args.out)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import real_model_prompts  # noqa: E402
@@ -27,3 +29,10 @@ def test_the_32_message_set_of_earlier_runs_is_a_prefix_pair() -> None:
     new = real_model_prompts.messages(len(real_model_prompts.OPEN), len(real_model_prompts.OPEN))
     assert len(set(old)) == 32
     assert old[:12] == new[:12] and old[12:] == new[32:52]  # same open and copy messages, same order
+
+
+def test_more_messages_than_exist_is_an_error_not_a_repeat() -> None:
+    with pytest.raises(ValueError, match="--n-open takes 0..32"):
+        real_model_prompts.messages(33, 0)
+    with pytest.raises(ValueError, match="--n-copy"):
+        real_model_prompts.messages(0, 10_000)
