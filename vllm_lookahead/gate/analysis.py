@@ -262,6 +262,16 @@ def sampled_passes(sampled: dict[str, Any], alpha: float) -> tuple[float, bool]:
     return minp, minp >= alpha and oos["candidate"] <= oos["baseline"]
 
 
+def crashed_verdict(crash: dict[str, Any], n_items: int) -> dict[str, Any]:
+    """FAIL for a candidate whose engine or endpoint died on requests the baseline served
+    (``RunCrashed.to_json()``).  Why a verdict, not "no verdict": the baseline arm completed the same
+    requests, so the crash is the candidate's -- the most severe regression, not a broken gate.  No
+    other criterion is measured (the candidate's outputs are incomplete)."""
+    crit = _crit("candidate_completes", "crashed", "the candidate serves every request the baseline served",
+                 False, True, f"{crash['run']} died {crash['where']}: {crash['error']}")
+    return {"verdict": "FAIL", "failed": [crit["name"]], "criteria": [crit], "crash": crash, "n_items": n_items}
+
+
 def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[str, Any],
             classifiers: list[Any], latency_ids: list[str]) -> dict[str, Any]:
     """All measurements, every criterion with value / threshold / pass, and the verdict."""

@@ -4,9 +4,11 @@ Two modes, the same statistics and report: in-process (``--baseline SPEC --candi
 engines built here) and endpoint (``--baseline-url URL --candidate-url URL``: two live
 OpenAI-compatible vLLM servers, e.g. the stable and the canary Service of a release).
 
-Exit codes: 0 PASS, 1 FAIL, 2 usage error or endpoint error (bad spec, missing file, bad policy, an
-endpoint down or answering garbage; no report is written).  Everything the gate needs is validated
-before the first request.
+Exit codes: 0 PASS, 1 FAIL (also when the candidate's engine or endpoint dies on requests the baseline
+served: the report names the run, sampling profile, requests and error), 2 no verdict (bad spec,
+missing file, bad policy, an endpoint down at preflight or answering garbage, the baseline dying, a
+crash of the gate itself; no report is written).  Everything the gate needs is validated before the
+first request.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from vllm_lookahead.gate.endpoint import EndpointError, EndpointOptions
+    from vllm_lookahead.gate.engine import RunCrashed
     from vllm_lookahead.gate.run import Endpoints, GateInputs, UsageError, run_gate
 
     endpoints = None
@@ -121,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
               f"model {model}, {args.dtype}", file=sys.stderr)
     try:
         result, paths = run_gate(inp, report)
-    except EndpointError as e:  # an endpoint died or turned to garbage mid-run: no verdict, no report
+    except EndpointError as e:  # an endpoint failed its preflight, or the baseline's died scoring: no verdict
         print(f"vllm-lookahead gate: error: {e} (no report written)", file=sys.stderr)
+        return 2
+    except RunCrashed as e:  # the baseline's (a candidate's crash is a FAIL verdict, handled by run_gate)
+        print(f"vllm-lookahead gate: error: the baseline arm crashed, no verdict: {e} (no report written)",
+              file=sys.stderr)
         return 2
     except Exception:  # noqa: BLE001 - anything else is no verdict either: never exit 1, which means FAIL
         import traceback
@@ -138,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(criteria_table(result))
     print(f"\nverdict: {result['verdict']}" + (f" (failed: {', '.join(result['failed'])})" if result["failed"] else ""))
+    if result.get("crash"):
+        print(f"{result['criteria'][0]['detail']}\nreport: {paths['html']} (also {paths['junit'].name})")
+        return 1
     if result.get("sequential"):
         from vllm_lookahead.gate.report import _sequential_line
 

@@ -15,7 +15,8 @@ penalty) are sent explicitly, so both arms sample from exactly the declared dist
 
 Robustness: every request has a timeout; connection errors, timeouts, 429 and 5xx are retried with
 exponential backoff; anything else that is not the expected JSON is *garbage* and stops the gate at
-once.  Both end in ``EndpointError`` (CLI exit 2; no report is written).  Acceptance and compression
+once.  Both end in ``EndpointError``; during a run it becomes ``RunCrashed`` naming the request and its
+sampling profile (the candidate's: a FAIL verdict; the baseline's: CLI exit 2, no report).  Acceptance and compression
 come from the server's Prometheus counters (``vllm:spec_decode_*``) read before and after each run (the
 gate must own the endpoints while it runs; other traffic would be counted too).  Each token's draft
 position (for the late-draft-position test) comes from vLLM's per-request ``metrics.speculative_decoding``
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from quality_sidecar.workers import WorkFailed
-from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunResult
+from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunCrashed, RunResult
 from vllm_lookahead.gate.evalset import EvalItem
 from vllm_lookahead.gate.inprocess_scoring import empty_score, score_dict
 from vllm_lookahead.gate.profiles import SamplingProfile, profile_of
@@ -246,10 +247,14 @@ class HttpEngine:
         jobs = [(it, s) for s in range(samples) for it in items]
         before = self.client.spec_counters()
 
-        def one(job: tuple[EvalItem, int]) -> RequestRecord:
-            it, s = job
-            fields = profile_of(profiles, s).request_fields(it.id, s, self.seed) if profiles else None
-            out, wall = self.client.generate(it.prompt, it.max_tokens or self.default_max_tokens, sampling=fields)
+        def one(j: int) -> RequestRecord:
+            it, s = jobs[j]
+            prof = profile_of(profiles, s) if profiles else None
+            fields = prof.request_fields(it.id, s, self.seed) if prof else None
+            try:
+                out, wall = self.client.generate(it.prompt, it.max_tokens or self.default_max_tokens, sampling=fields)
+            except EndpointError as e:  # retries spent: the endpoint died under this request
+                raise RunCrashed(name, e, [(it.id, j % len(items), s)], prof) from e
             n = len(out["token_ids"])
             rec = RequestRecord(it.id, s, out["token_ids"], out["text"], out["finish_reason"],
                                 len(out["prompt_token_ids"]), tpot_s=wall / n if n else None,
@@ -259,7 +264,13 @@ class HttpEngine:
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(jobs)))) as pool:
-            recs = list(pool.map(one, jobs))
+            futures = [pool.submit(one, j) for j in range(len(jobs))]
+            try:
+                recs = [f.result() for f in futures]
+            except RunCrashed:  # a dead endpoint: do not retry every queued request against it
+                for f in futures:
+                    f.cancel()
+                raise
         wall = time.perf_counter() - t0
         if progress:
             progress(f"{name}: {len(recs)} requests at concurrency {concurrency} in {wall:.1f} s")

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from vllm_lookahead.decoders import DecoderSpec
 from vllm_lookahead.gate.evalset import EvalItem
-from vllm_lookahead.gate.profiles import SamplingProfile, profile_of
+from vllm_lookahead.gate.profiles import SamplingProfile
 
 
 @dataclass
@@ -86,6 +86,38 @@ class RunResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class RunCrashed(RuntimeError):
+    """A run's engine (in-process) or endpoint died under its requests.
+
+    Why a type of its own: the gate must tell a broken *candidate* (a verdict: FAIL) from a broken
+    baseline or gate (no verdict), and a crash is only actionable with where it happened: the run,
+    the sampling profile and the requests in flight (in-process, every request of the ``generate``
+    call that died: vLLM steps a batch as one, so one request cannot be singled out; over HTTP, the
+    one request that failed)."""
+
+    def __init__(self, run: str, error: BaseException, requests: list[tuple[str, int, int]],
+                 profile: SamplingProfile | None):
+        cause = error.__cause__ or error.__context__
+        text = f"{type(error).__name__}: {error}"
+        if cause is not None and str(cause) not in text:  # EngineDeadError says only "see the stack trace"
+            text += f" (caused by {type(cause).__name__}: {cause})"
+        self.run, self.error, self.profile = run, text[:2000], profile
+        self.requests = [{"item_id": i, "item_index": k, "sample": s} for i, k, s in requests]
+        super().__init__(f"{run} died {self.where()}: {self.error}")
+
+    def where(self) -> str:
+        """Human words for the profile and the requests, e.g. ``at T=1 top_k=50 on 1 request (item x, sample 1)``."""
+        reqs = self.requests
+        shown = ", ".join(f"{r['item_id']} sample {r['sample']}" for r in reqs[:3]) + (", ..." if len(reqs) > 3 else "")
+        return (f"at {self.profile.label if self.profile else 'T=0 (greedy)'} on {len(reqs)} request"
+                f"{'s' if len(reqs) != 1 else ''} in flight ({shown})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "error": self.error, "profile": self.profile.to_json() if self.profile else None,
+                "profile_label": self.profile.label if self.profile else "T=0 (greedy)",
+                "requests": self.requests, "where": self.where()}
 
 
 @dataclass(frozen=True)
@@ -204,17 +236,34 @@ class GateEngine:
     def run_batch(self, name: str, items: list[EvalItem], *, profiles: list[SamplingProfile] | None = None,
                   samples: int = 1) -> RunResult:
         """All prompts (x samples) submitted at once; vLLM schedules the batch.  Greedy without
-        ``profiles``; else sample j of each item is drawn with ``profile_of(profiles, j)``."""
+        ``profiles``; else sample j of each item is drawn with ``profile_of(profiles, j)``, the samples
+        of one profile submitted together (a crash then names its profile)."""
         jobs = [(it, s) for s in range(samples) for it in items]
         before = self.spec_counters()
         t0 = time.perf_counter()
-        params = [self._params(it, profile_of(profiles, s) if profiles else None, s) for it, s in jobs]
-        outs = self.llm.generate([it.prompt for it, _ in jobs], params,
-                                 use_tqdm=lambda *a, **k: tqdm(*a, **{**k, "desc": f"{name} (batch)"}))
+        outs: list[Any] = [None] * len(jobs)
+        # one generate per sampling profile, so a crash names the profile that triggered it
+        for p in range(len(profiles) if profiles else 1):
+            idx = [j for j, (_, s) in enumerate(jobs) if not profiles or s % len(profiles) == p]
+            prof = profiles[p] if profiles else None
+            got = self._generate(name, [(jobs[j][0], j % len(items), jobs[j][1]) for j in idx], prof,
+                                 lambda *a, **k: tqdm(*a, **{**k, "desc": f"{name} (batch)"}))
+            for j, o in zip(idx, got):
+                outs[j] = o
         wall = time.perf_counter() - t0
         recs = [_record(it.id, s, o) for (it, s), o in zip(jobs, outs)]
         return RunResult(name, self.spec.describe(), "batch", [p.to_json() for p in profiles or []],
                          self.opts.seed, wall, recs, self._delta(before))
+
+    def _generate(self, name: str, jobs: list[tuple[EvalItem, int, int]], profile: SamplingProfile | None,
+                  use_tqdm: Any) -> list[Any]:
+        """``llm.generate`` of (item, item index, sample) jobs at one profile (None: greedy); an engine
+        that dies under them raises ``RunCrashed`` naming the run, the profile and these requests."""
+        try:
+            return self.llm.generate([it.prompt for it, _, _ in jobs],
+                                     [self._params(it, profile, s) for it, _, s in jobs], use_tqdm=use_tqdm)
+        except Exception as e:  # noqa: BLE001 - in-process, vLLM V1's engine death is any exception of its step
+            raise RunCrashed(name, e, [(it.id, k, s) for it, k, s in jobs], profile) from e
 
     def score(self, runs: list[RunResult]) -> float:
         """Score T>0 runs under this (non-speculative) engine: see ``gate.inprocess_scoring``."""
@@ -228,12 +277,11 @@ class GateEngine:
         recs = []
         before = self.spec_counters()
         t0 = time.perf_counter()
-        chunks = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
+        chunks = [list(range(i, min(i + batch_size, len(items)))) for i in range(0, len(items), batch_size)]
         unit = "req" if batch_size == 1 else f"batch of {batch_size}"
         for chunk in tqdm(chunks, desc=f"{name} ({unit})", unit="batch" if batch_size > 1 else "req"):
-            outs = self.llm.generate([it.prompt for it in chunk], [self._params(it) for it in chunk],
-                                     use_tqdm=False)
-            recs += [_record(it.id, 0, o) for it, o in zip(chunk, outs)]
+            outs = self._generate(name, [(items[k], k, 0) for k in chunk], None, False)
+            recs += [_record(items[k].id, 0, o) for k, o in zip(chunk, outs)]
         wall = time.perf_counter() - t0
         mode = "sequential" if batch_size == 1 else f"chunks of {batch_size}"
         return RunResult(name, self.spec.describe(), mode, [], self.opts.seed, wall, recs,

@@ -74,13 +74,26 @@ def _sampled_table(result: dict[str, Any]) -> list[str]:
                    f"({'paired over ' + str(sh['n_pairs']) + ' prompts' if sh['paired'] else 'unpaired'})."]
 
 
+def crash_lines(crash: dict[str, Any]) -> list[str]:
+    """Where the candidate died: run, sampling profile, the requests in flight, the error."""
+    reqs = crash["requests"]
+    ids = ", ".join(f"`{r['item_id']}` (item {r['item_index']}, sample {r['sample']})" for r in reqs[:10])
+    return ["**The candidate crashed** on requests the baseline served; nothing else was measured.", "",
+            f"- run: {crash['run']}", f"- sampling profile: {crash['profile_label']}",
+            f"- requests in flight ({len(reqs)}): {ids}{', ...' if len(reqs) > 10 else ''}",
+            f"- error: `{crash['error']}`"]
+
+
 def markdown_summary(result: dict[str, Any]) -> str:
     meta = result["meta"]
-    lat = result["latency"]
     lines = [f"### Release gate: **{result['verdict']}**",
              f"`{meta['baseline']['spec']}` (baseline) vs `{meta['candidate']['spec']}` (candidate) on "
              f"{result['n_items']} items ({meta['eval_set_name']}), model `{meta['model_name']}`, {meta['dtype']}",
-             "", criteria_table(result), "", "<details><summary>details</summary>", ""]
+             "", criteria_table(result), ""]
+    if result.get("crash"):
+        return "\n".join(lines + crash_lines(result["crash"])) + "\n"
+    lat = result["latency"]
+    lines += ["<details><summary>details</summary>", ""]
     lines += [f"- {c['name']}: {c['detail']}" for c in result["criteria"] if c["detail"]]
     lines += ["", "| task | n | baseline | candidate | delta | McNemar p (adj.) |", "|---|---|---|---|---|---|"]
     for r in result["pass_rate"]["per_task"]:
@@ -177,7 +190,7 @@ def plots(result: dict[str, Any]) -> dict[str, str]:
 
 
 def html_report(result: dict[str, Any], md: str) -> str:
-    imgs = plots(result)
+    imgs = plots(result) if not result.get("crash") else {}  # a crash leaves nothing to plot
     colour = "#1a7f37" if result["verdict"] == "PASS" else "#cf222e"
     rows = "".join(
         f"<tr><td>{html.escape(c['name'])}</td><td>{html.escape(_fmt(c['measured']))}</td>"
@@ -188,7 +201,7 @@ def html_report(result: dict[str, Any], md: str) -> str:
     diverged = "".join(
         f"<tr><td>{html.escape(i['id'])}</td><td>{i['baseline_passed']}</td><td>{i['candidate_passed']}</td>"
         f"<td>{i['first_divergence']}</td><td>{html.escape(i['candidate_detail'])}</td></tr>"
-        for i in result["items"] if i["first_divergence"] is not None or i["baseline_passed"] != i["candidate_passed"])
+        for i in result.get("items", []) if i["first_divergence"] is not None or i["baseline_passed"] != i["candidate_passed"])
     meta = html.escape(json.dumps(result["meta"], indent=1))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Release gate: {result['verdict']}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}td,th{{border:1px solid #ccc;padding:4px;font-size:13px}}

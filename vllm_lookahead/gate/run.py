@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_lookahead.decoders import DecoderSpec, SpecError, check_class, parse_spec
-from vllm_lookahead.gate.analysis import analyse, load_classifiers
+from vllm_lookahead.gate.analysis import analyse, crashed_verdict, load_classifiers
 from vllm_lookahead.gate.endpoint import (
     EndpointClient,
     EndpointOptions,
@@ -23,7 +23,14 @@ from vllm_lookahead.gate.endpoint import (
     HttpScorer,
     probe,
 )
-from vllm_lookahead.gate.engine import ArmRuns, EngineOptions, GateEngine, RunResult, run_arm
+from vllm_lookahead.gate.engine import (
+    ArmRuns,
+    EngineOptions,
+    GateEngine,
+    RunCrashed,
+    RunResult,
+    run_arm,
+)
 from vllm_lookahead.gate.evalset import EvalItem
 from vllm_lookahead.gate.profiles import parse_profiles
 from vllm_lookahead.gate.report import write_report
@@ -156,13 +163,8 @@ def score_samples(inp: GateInputs, runs: list[RunResult | None]) -> float:
         return eng.score(todo)
 
 
-def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[Any],
-             report_dir: Path | None, wall_s: float,
-             override: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Analyse two finished arms and (optionally) write the report (``override``: a result already
-    analysed, e.g. by the sequential loop, to report as it is)."""
-    result = override if override is not None else analyse(
-        inp.items, base, cand, inp.policy, classifiers, [it.id for it in latency_items(inp)])
+def _meta(inp: GateInputs, base: ArmRuns | None, cand: ArmRuns | None, wall_s: float) -> dict[str, Any]:
+    """The report's ``meta``: what ran where (``cand`` None: the candidate crashed before finishing)."""
     try:
         import vllm
 
@@ -176,25 +178,54 @@ def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[An
         assert inp.model is not None and inp.baseline is not None and inp.candidate is not None
         bdesc, cdesc = inp.baseline.describe(), inp.candidate.describe()
         model, model_name, mode = str(inp.model), inp.model.name, "in-process"
-    result["meta"] = {
+
+    def wall(arm: ArmRuns | None, run: str) -> float | None:
+        r = getattr(arm, run) if arm is not None else None
+        return r.wall_s if r is not None else None
+
+    return {
         "mode": mode, "model": model, "model_name": model_name, "eval_set_name": inp.eval_set_name,
         "baseline": bdesc, "candidate": cdesc, "dtype": inp.dtype if mode == "in-process" else "as served",
         "seed": inp.seed, "alpha": inp.policy["alpha"], "policy": inp.policy, "vllm_version": vllm_version,
         "python": platform.python_version(), "machine": platform.machine(), "wall_s": wall_s,
-        "startup_s": {"baseline": base.startup_s, "candidate": cand.startup_s},
-        "run_wall_s": {"baseline_batch": base.greedy.wall_s, "candidate_batch": cand.greedy.wall_s,
-                       "aa": base.aa.wall_s if base.aa else None,
-                       "baseline_sequential": base.sequential.wall_s if base.sequential else None,
-                       "candidate_sequential": cand.sequential.wall_s if cand.sequential else None,
-                       "scoring": sum(r.scoring_s or 0 for r in (base.sampled, cand.sampled) if r is not None)}}
-    paths: dict[str, Path] = {}
-    if report_dir is not None:
-        runs = {"baseline": {k: (v.to_json() if v is not None else None) for k, v in
-                             (("greedy", base.greedy), ("aa", base.aa), ("sequential", base.sequential),
-                              ("sampled", base.sampled))},
-                "candidate": {k: (v.to_json() if v is not None else None) for k, v in
-                              (("greedy", cand.greedy), ("sequential", cand.sequential), ("sampled", cand.sampled))}}
-        paths = write_report(result, runs, report_dir)
+        "startup_s": {"baseline": base.startup_s if base else None, "candidate": cand.startup_s if cand else None},
+        "run_wall_s": {"baseline_batch": wall(base, "greedy"), "candidate_batch": wall(cand, "greedy"),
+                       "aa": wall(base, "aa"), "baseline_sequential": wall(base, "sequential"),
+                       "candidate_sequential": wall(cand, "sequential"),
+                       "scoring": sum(a.sampled.scoring_s or 0 for a in (base, cand)
+                                      if a is not None and a.sampled is not None)}}
+
+
+def _runs_json(base: ArmRuns | None, cand: ArmRuns | None) -> dict[str, Any]:
+    """``runs.json``: every raw run of each arm (an arm that did not finish: None)."""
+    def arm(a: ArmRuns | None, keys: tuple[str, ...]) -> dict[str, Any] | None:
+        return None if a is None else {k: (getattr(a, k).to_json() if getattr(a, k) is not None else None)
+                                       for k in keys}
+
+    return {"baseline": arm(base, ("greedy", "aa", "sequential", "sampled")),
+            "candidate": arm(cand, ("greedy", "sequential", "sampled"))}
+
+
+def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[Any],
+             report_dir: Path | None, wall_s: float,
+             override: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Analyse two finished arms and (optionally) write the report (``override``: a result already
+    analysed, e.g. by the sequential loop, to report as it is)."""
+    result = override if override is not None else analyse(
+        inp.items, base, cand, inp.policy, classifiers, [it.id for it in latency_items(inp)])
+    result["meta"] = _meta(inp, base, cand, wall_s)
+    paths = write_report(result, _runs_json(base, cand), report_dir) if report_dir is not None else {}
+    return result, paths
+
+
+def crashed(inp: GateInputs, base: ArmRuns | None, crash: RunCrashed, report_dir: Path | None,
+            wall_s: float) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The candidate died on requests the baseline served: a FAIL verdict with the crash in the
+    report (``analysis.crashed_verdict``), and the baseline's runs in ``runs.json``."""
+    _progress(f"candidate crashed: {crash}")
+    result = crashed_verdict(crash.to_json(), len(inp.items))
+    result["meta"] = _meta(inp, base, None, wall_s)
+    paths = write_report(result, _runs_json(base, None), report_dir) if report_dir is not None else {}
     return result, paths
 
 
@@ -204,8 +235,11 @@ def run_gate(inp: GateInputs, report_dir: Path | None) -> tuple[dict[str, Any], 
     looks = inp.policy["sequential"]["looks"]
     if looks > 1:
         return run_sequential(inp, classifiers, report_dir, t0)
-    base = run_baseline(inp)
-    cand = run_candidate(inp)
+    base = run_baseline(inp)  # RunCrashed here propagates: a broken baseline gives no verdict
+    try:
+        cand = run_candidate(inp)
+    except RunCrashed as crash:
+        return crashed(inp, base, crash, report_dir, time.perf_counter() - t0)
     score_samples(inp, [base.sampled, cand.sampled])
     return evaluate(inp, base, cand, classifiers, report_dir, time.perf_counter() - t0)
 
@@ -238,7 +272,12 @@ def run_sequential(inp: GateInputs, classifiers: list[Any], report_dir: Path | N
         if k > 0:
             stage_pol["runs"]["latency_items"] = 0  # the batch-1 latency subset runs once, in stage 1
         stage_inp = dataclasses.replace(inp, items=st, policy=stage_pol)
-        b, c = run_baseline(stage_inp), run_candidate(stage_inp)
+        b = run_baseline(stage_inp)
+        try:
+            c = run_candidate(stage_inp)
+        except RunCrashed as crash:
+            return crashed(dataclasses.replace(inp, items=done + st), sq.merge(base, b), crash, report_dir,
+                           time.perf_counter() - t0)
         for r in (b.sampled, c.sampled):
             if r is not None:
                 r.name = f"{r.name} [look {k + 1}]"  # PIT randomisation drawn afresh per look
