@@ -151,3 +151,20 @@ def test_in_process_crash_report_without_vllm(demo_model: Path, tmp_path: Path) 
     suite = ET.fromstring(paths["junit"].read_text()).find("testsuite")
     assert suite is not None and suite.get("failures") == "1" and suite.get("tests") == "1"
     assert "3 requests in flight" in (suite.find("testcase/failure").text or "")  # type: ignore[union-attr]
+
+
+def test_sequential_gate_fails_a_candidate_that_dies_at_a_later_look(
+        stub: Callable[..., str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With ``sequential.looks: 2`` the first look passes through; the candidate dies on an item of
+    the second stage: still FAIL, reported over the items run so far (both stages)."""
+    target = load_eval_set(DEFAULT_EVAL_SET, limit=2, tasks=["next_line"])[1]  # stage 2: each task's 2nd item
+    base = stub(lambda path, b: False)
+    cand = stub(lambda path, b: b.get("prompt") == target.prompt)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("criteria:\n  sampled: {samples_per_item: 0, required: false}\nruns: {latency_items: 1}\n"
+                      "sequential: {looks: 2}\n")
+    rc = gate_main(["--baseline-url", base, "--candidate-url", cand, "--retries", "0", "--policy", str(policy),
+                    "--limit", "2", "--tasks", "next_line", "--report", str(tmp_path / "rep")])
+    assert rc == 1, capsys.readouterr()
+    result = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert result["n_items"] == 2 and result["crash"]["requests"][0]["item_id"] == target.id
