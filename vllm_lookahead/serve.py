@@ -1,6 +1,6 @@
 """``vllm-lookahead serve MODEL [vllm serve options]``: vLLM's own ``vllm serve``, made to run here.
 
-It is vLLM's CLI (``vllm.entrypoints.cli.main``) with three differences, the first two needed for what
+It is vLLM's CLI (``vllm.entrypoints.cli.main``) with four differences, the first two needed for what
 the README promises:
 
 * it runs with the CPU wheel, whose ``vllm`` console script fails at start-up (``vllm/serve_patch.py``
@@ -10,7 +10,9 @@ the README promises:
   forward can round differently from decoding them one by one, so outputs may diverge after a few
   tokens -- a property of bf16 batch shapes, not of the drafts (docs/lookahead.md).  Pass
   ``--dtype bfloat16`` (or ``auto``) explicitly for speed;
-* on CPU, vLLM's compile cache is one that loads at the next start (``vllm/fixes.py``, fix 3).
+* on CPU, vLLM's compile cache is one that loads at the next start (``vllm/fixes.py``, fix 3);
+* with lookahead's speculative config it accepts ``min_p`` and ``logit_bias``, which vLLM refuses with
+  any speculative config, and serves them without drafts (``vllm/sampling_cover.py``).
 
 Any other argument goes to vLLM unchanged; ``vllm-lookahead serve --help`` prints vLLM's help.
 """
@@ -32,9 +34,11 @@ def with_default_dtype(args: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[2:] if argv is None else argv)
     from vllm_lookahead.vllm.fixes import use_loadable_compile_cache
+    from vllm_lookahead.vllm.sampling_cover import serve_all_sampling_fields
     from vllm_lookahead.vllm.serve_patch import install_cli_version_fix
 
     install_cli_version_fix()
+    serve_all_sampling_fields()  # min_p / logit_bias: 200 as without speculation (vllm/sampling_cover.py)
     use_loadable_compile_cache()  # a restarted server loads its compiled model instead of compiling again
     from vllm.entrypoints.cli.main import main as vllm_main
 

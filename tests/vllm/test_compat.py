@@ -97,7 +97,10 @@ def test_rebind_probe_sees_the_scan_break():
         assert patches.revert("safe_rebind_kernels")
     try:
         assert fixes.rebind_scan_breaks() is True, "vLLM fixed the rebind scan: apply_tool_fixes now skips it"
-        assert fixes.apply_tool_fixes() == ["safe_rebind_kernels"]
+        done = fixes.apply_tool_fixes()
+        assert "safe_rebind_kernels" in done
+        for name in set(done) - {"safe_rebind_kernels"}:  # the tools' other fixes: leave the process as found
+            patches.revert(name)
         assert fixes.rebind_scan_breaks() is False
     finally:
         if not was_applied:

@@ -24,7 +24,7 @@ import ast
 import importlib
 import importlib.util
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +184,24 @@ USES: tuple[Use, ...] = (
     Use("vllm.config.vllm", "VllmConfig.additional_config", "attribute"),
     Use("vllm.sampling_params", "SamplingParams.extra_args", "attribute",
         why="per-request lookahead shape (extra_args['lookahead'])"),
+    # --- sampling fields vLLM refuses with speculation (sampling_cover.py) ------------------------
+    Use("vllm.sampling_params", "SamplingParams._validate_spec_decode", "method", ("self", "speculative_config"),
+        patched=True, why="spec_sampling_fields: min_p / logit_bias pass for lookahead's config"),
+    Use("vllm.sampling_params", "SamplingParams.min_p", "attribute"),
+    Use("vllm.sampling_params", "SamplingParams.logit_bias", "attribute"),
+    Use("vllm.config.speculative", "SpeculativeConfig.method", "attribute"),
+    Use("vllm.config.speculative", "SpeculativeConfig.model", "attribute"),
+    Use("vllm.v1.worker.gpu_input_batch", "InputBatch.logitsprocs", "attribute"),
+    Use(_R, "build_logitsprocs", "function", ("vllm_config", "device", "is_pin_memory", "is_pooling_model",
+                                              "custom_logitsprocs"), patched=True,
+        why="spec_logitsprocs: vLLM's builtin logits processors for a lookahead runner"),
+    Use("vllm.config.vllm", "VllmConfig.speculative_config", "attribute"),
+    Use("vllm.v1.worker.gpu_input_batch", "InputBatch.temperature_cpu", "attribute"),
+    Use("vllm.v1.sample.logits_processor.state", "LogitsProcessors.all", "attribute"),
+    Use("vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor", "class"),
+    Use("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor", "class"),
+    Use("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor.min_p_count", "attribute"),
+    Use("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor.min_p_cpu", "attribute"),
 )
 
 VERSION_NOTES = {
@@ -225,6 +243,8 @@ def _find_def(body: list[ast.stmt], name: str) -> ast.AST | None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == name for t in targets):
                 found = node
+        elif isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            found = node  # a name the module imports (a patch may replace it there): followed by the caller
     return found
 
 
@@ -277,6 +297,11 @@ def check_static_one(root: Path, use: Use, _trees: dict[Path, ast.Module] | None
     node = _find_def(tree.body, head)
     if node is None:
         return f"{head} not defined"
+    if isinstance(node, ast.ImportFrom):  # checked where it is defined
+        package = use.module.rsplit(".", node.level)[0] if node.level else ""
+        source = ".".join(p for p in (package, node.module or "") if p)
+        name = next(a.name for a in node.names if (a.asname or a.name) == head)
+        return check_static_one(root, replace(use, module=source, name=".".join(p for p in (name, rest) if p)), trees)
     if use.kind == "class":
         return None if isinstance(node, ast.ClassDef) else f"{head} is not a class"
     if use.kind == "function":

@@ -185,10 +185,12 @@ def rebind_scan_breaks() -> bool:
         del sys.modules[name]
 
 
-def apply_tool_fixes() -> list[str]:
+def apply_tool_fixes(frontend: bool = True) -> list[str]:
     """Before our own in-process engines start (bench, gate, demo) and where the lookahead proposer
     starts: the rebind fix if the probe shows the scan breaking, and the seeded chunked-prefill fix
-    if CPU generators refuse offsets (fix 4; the proposer probes its engine's own device too).
+    if CPU generators refuse offsets (fix 4; the proposer probes its engine's own device too), and
+    with ``frontend`` (our tools, whose process is the engines' frontend; not the proposer's worker)
+    ``min_p`` / ``logit_bias`` accepted by lookahead engines (``sampling_cover.py``).
     Returns the names applied."""
     done = []
     try:
@@ -196,6 +198,11 @@ def apply_tool_fixes() -> list[str]:
             done.append("safe_rebind_kernels")
     except ImportError:  # another vLLM layout: nothing to fix
         pass
+    # our in-process engines (this process is their frontend) serve min_p / logit_bias with lookahead
+    from .sampling_cover import serve_all_sampling_fields
+
+    if frontend and serve_all_sampling_fields():
+        done.append("spec_sampling_fields")
     # our in-process engines run on CPU: a seeded request in chunked prefill must not kill them (fix 4)
     if generator_offset_breaks("cpu") and patches.apply("cpu_seeded_chunked_prefill"):
         done.append("cpu_seeded_chunked_prefill")

@@ -149,6 +149,7 @@ DECLARING_MODULES = (
     "vllm_lookahead.experimental.flex_mask",
     "vllm_lookahead.vllm.prompt_scores",
     "vllm_lookahead.vllm.fixes",
+    "vllm_lookahead.vllm.sampling_cover",
     "vllm_lookahead.vllm.frontend_patch",
     "vllm_lookahead.vllm.spec_steps",
     "vllm_lookahead.vllm.serve_patch",

@@ -34,6 +34,7 @@ from . import greedy_verify
 from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken, fix_seeded_chunked_prefill_if_broken
 from .plain_steps import install_plain_steps
 from .runner_patch import install_runner_hook
+from .sampling_cover import DraftCover, install_worker_cover
 from .version import check_vllm_version
 
 logger = logging.getLogger("vllm_lookahead")
@@ -93,9 +94,10 @@ class LookaheadProposer:
         check_vllm_version()
         # the drafter loads numba (core/kernels.py): a second engine started later in this process must
         # survive it (fixes.py, safe_rebind_kernels; a no-op where the scan is fine)
-        apply_tool_fixes()
+        apply_tool_fixes(frontend=False)
         install_runner_hook()
         install_plain_steps()  # steps without drafts skip vLLM's rejection sampler (plain_steps.py)
+        install_worker_cover()  # logit bias / min-p processors exist with speculation (sampling_cover.py)
         logger.info("vllm-lookahead: %s", fix_cpu_expand_if_broken())
         # a seeded request in chunked prefill must not kill a CPU engine (fixes.py, probe on the device)
         device = getattr(getattr(vllm_config, "device_config", None), "device", None) or "cpu"
@@ -111,6 +113,7 @@ class LookaheadProposer:
         self._captured: tuple[list[str], Any, list[int]] | None = None
         self._verdict: Any = None  # a SamplerOutput made from the argmax (greedy_verify), until taken
         self._warned = False
+        self._cover = DraftCover()  # rows whose sampling vLLM's verifier does not cover get no drafts
         # the experimental 2D layout (layout="2d"): its requests' state and steps
         self.lade2d: Any = None
         if two_d:
@@ -243,5 +246,8 @@ class LookaheadProposer:
         prompt_lens = runner.input_batch.num_prompt_tokens
         room = draft_room(requests, req_ids, np.asarray(num_tokens_no_spec[: len(req_ids)]).tolist(),
                           np.asarray(prompt_lens[: len(req_ids)]).tolist(), self.k)
+        # logit bias, or min-p at T>0: served as plain decoding serves them, without drafts (sampling_cover.py)
+        for i in self._cover.undraftable_rows(runner.input_batch, len(req_ids)):
+            room[i] = 0
         return self.drafter.step_arrays(req_ids, token_ids_cpu, num_tokens_no_spec, sampled_token_ids, verified,
                                         prompt_lens, lambda rid: isolation_key(requests.get(rid)), room)
