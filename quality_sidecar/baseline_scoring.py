@@ -43,7 +43,6 @@ from .detectors.likelihood import (
 )
 from .workers import (
     PairWorker,
-    RetryPolicy,
     WorkFailed,
     base_url,
     classify_http_failure,
@@ -76,7 +75,6 @@ class ConformanceConfig:
     # (backpressure: selected samples are never dropped).
     max_queue: int = 256
     timeout_s: float = 60.0
-    retries: int = 6  # attempts per sample on timeouts, refused connections, 429 and 5xx (backoff 0.5 s x 2^i)
     api: str = "auto"  # prompt_logprobs | echo | auto (prompt_logprobs, falling back to echo)
     # The served model's vocabulary size: token ids at or above it are impossible, and at T > 1 the
     # unknown tail's mass is bounded by it (None: such tokens are skipped instead of counted).
@@ -95,12 +93,35 @@ class ConformanceConfig:
             raise ValueError(f"conformance.api must be auto, prompt_logprobs or echo, got {self.api!r}")
         if self.ert_tokens <= 1 or self.shift <= 0 or self.late_shift <= 0:
             raise ValueError("conformance.ert_tokens must be > 1, conformance.shift and late_shift > 0")
-        if self.max_queue < 1 or self.retries < 1 or self.timeout_s <= 0:
-            raise ValueError("conformance.max_queue and conformance.retries must be >= 1, timeout_s > 0")
+        if self.max_queue < 1 or self.timeout_s <= 0:
+            raise ValueError("conformance.max_queue must be >= 1, conformance.timeout_s > 0")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"conformance.vocab_size must be >= 1, got {self.vocab_size}")
         if self.oos_tolerance_nats < 0 or self.impossible_floor_per_token < 0:
             raise ValueError("conformance.oos_tolerance_nats and impossible_floor_per_token must be >= 0")
+
+
+# JSON has no -inf, so vLLM sends a log-prob of -inf (a token the model gives probability 0) as -9999.0:
+# ``max(logprob, -9999.0)`` for completion log-probs, ``clamp_prompt_logprobs`` for prompt log-probs
+# (vLLM 0.32; checked against a real server in test_conformance_serve.py).  Read as a number, one such
+# token would add -9999/n nats to a sample's mean log-prob and pass as possible; read as -inf it is an
+# impossible token.  Anything at or below it is read as -inf too (no real log-prob is that small).
+VLLM_NEG_INF = -9999.0
+
+
+def read_logprob(v: float) -> float:
+    """A log-prob from the server's JSON, with vLLM's -9999.0 stand-in (and below) read back as -inf."""
+    v = float(v)
+    return -math.inf if v <= VLLM_NEG_INF else v
+
+
+# Keys of ``conformance:`` that were removed, with what to do instead: an old sidecar.yaml that still
+# sets one stops with this message (``cli.load_config``) rather than a bare "unknown config key".
+REMOVED_KEYS = {
+    "retries": "conformance.retries was removed: transient failures (timeouts, refused connections, "
+               "408/429/5xx) are now retried until the baseline server answers (backoff 0.5 s doubling, "
+               "capped at 30 s) and never given up, so there is no attempt limit to set; delete the key",
+}
 
 
 class LogprobClient:
@@ -187,13 +208,13 @@ class LogprobClient:
             if d is None:
                 raise WorkFailed("bad_response", "baseline server returned no log-probs for an output position", False)
             items = sorted(((int(t), v) for t, v in d.items()), key=lambda kv: kv[1].get("rank", 0) or 0)
-            top = [(t, v["logprob"]) for t, v in items if (v.get("rank") or 0) <= k][:k]
+            top = [(t, read_logprob(v["logprob"])) for t, v in items if (v.get("rank") or 0) <= k][:k]
             for j, (t, v) in enumerate(top):
                 ids[i, j], lps[i, j] = t, v
             entry = d.get(str(y)) or d.get(y)
             if entry is None:
                 raise WorkFailed("bad_response", f"baseline server omitted the sampled token {y} from prompt_logprobs", False)
-            tok[i] = entry["logprob"]
+            tok[i] = read_logprob(entry["logprob"])
         return ids, lps, tok
 
     @staticmethod
@@ -208,8 +229,8 @@ class LogprobClient:
             for j, (name, v) in enumerate(items):
                 if not str(name).startswith("token_id:"):
                     raise WorkFailed("bad_response", "echo log-probs without token ids (server lacks return_tokens_as_token_ids)", False)
-                ids[i, j], lps[i, j] = int(str(name).split(":", 1)[1]), v
-            tok[i] = t_lp
+                ids[i, j], lps[i, j] = int(str(name).split(":", 1)[1]), read_logprob(v)
+            tok[i] = read_logprob(t_lp)
         return ids, lps, tok
 
 
@@ -293,7 +314,7 @@ class ScoringWorker(PairWorker):
                  cfg: ConformanceConfig, seed: int = 0):
         self.client, self.on_result, self.cfg = client, on_result, cfg
         self.np_rng = np.random.default_rng(seed)
-        super().__init__(cfg.fraction, cfg.max_queue, seed, RetryPolicy(attempts=cfg.retries))
+        super().__init__(cfg.fraction, cfg.max_queue, seed)
 
     def prepare(self, sample: dict[str, Any]) -> Any:
         params = scorable(sample)

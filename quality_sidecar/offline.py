@@ -11,6 +11,7 @@ under the null, so the candidate arm is judged on its own), the count of impossi
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -27,6 +28,8 @@ from .detectors.embedders import make_embedder
 from .monitor import RATE_CHARTS
 from .service import Pipeline, ServiceConfig
 from .sinks import JsonWriter
+
+log = logging.getLogger(__name__)
 
 
 def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: dict[str, Any],
@@ -53,7 +56,7 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
 
     cc = ConformanceConfig(**(conf.get("conformance") or {}))
     client = LogprobClient(baseline_url, top_logprobs=cc.top_logprobs, timeout_s=cc.timeout_s, api=cc.api)
-    retry = RetryPolicy(attempts=cc.retries)
+    retry = RetryPolicy()
     rng = np.random.default_rng(0)
     pit: dict[str, list[float]] = {}
     excess: dict[str, list[float]] = {}
@@ -70,17 +73,19 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
         out = s["output"]["token_ids"]
         arm = s["deployment"]["arm"]
         sc = None
-        for attempt in range(retry.attempts):
+        attempt = 0
+        while sc is None:  # as the streaming scorer: an outage delays the report, never thins it
             try:
                 sc = score_sample(client, s, params, cc, rng)
-                break
             except WorkFailed as e:
                 if e.reason == "rejected_token_ids":
                     impossible.add(arm, len(out), {"vocab": 1})
-                if not e.transient or attempt + 1 == retry.attempts:
+                if not e.transient:
                     counts[f"failed_{e.reason}"] = counts.get(f"failed_{e.reason}", 0) + 1
                     break
+                log.warning("baseline server: %s; retrying in %.1f s", e, retry.delay(attempt))
                 time.sleep(retry.delay(attempt))
+                attempt += 1
         if sc is None:
             continue
         impossible.add(arm, sc.n_tokens, sc.oos_reasons)

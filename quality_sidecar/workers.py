@@ -8,10 +8,14 @@ the rules that keep the evidence whole, so the rules live here once:
   hysteresis: on at ``max_queue`` unfinished items, off at half) tells the service to stop reading
   (pause its Kafka partitions, stop reading a file) until the worker catches up.  A consumer that
   catches up on lag after a restart therefore scores exactly what a live one would, in the same order;
-- **retries**: a transient failure (timeout, connection refused, 429 / 5xx) is retried with
-  exponential backoff; only a sample that still fails after ``RetryPolicy.attempts``, or that the
-  server rejects outright (4xx), is given up and reported to ``on_failure(sample, reason)``, counted per
-  ``(arm, reason)`` in ``failures``;
+- **an outage delays, never drops**: a transient failure (timeout, connection refused, 408 / 429 /
+  5xx) is retried in place, with exponential backoff capped at ``RetryPolicy.max_backoff_s`` (30 s),
+  for as long as it lasts: the sample stays at the head of the queue, the queue fills, ``saturated``
+  pauses the source, and the stream resumes where it stopped when the server is back.  Only a
+  non-transient answer (the server rejects the request: 4xx; a malformed answer) gives a sample up,
+  reported to ``on_failure(sample, reason)`` and counted per ``(arm, reason)`` in ``failures``.  On
+  ``close`` a sample still being retried is neither done nor given up: it stays pending for the
+  service, which never commits past it, so a restart redoes it;
 - ``up`` goes False after ``RetryPolicy.down_after`` failed attempts in a row (the service turns it
   into ``/readyz`` 503 and ``quality_sidecar_baseline_up 0``) and True at the next success;
 - the worker never touches metrics: ``counts``/``failures`` are its outputs besides the callbacks,
@@ -42,14 +46,15 @@ class WorkFailed(Exception):
 
 
 def classify_http_failure(exc: BaseException) -> WorkFailed:
-    """Map a ``requests`` exception to a ``WorkFailed`` (timeouts and refused connections are transient)."""
+    """Map a ``requests`` exception to a ``WorkFailed``: timeouts, refused connections and a connection
+    cut mid-answer (a server restarting) are transient."""
     import requests
 
     if isinstance(exc, WorkFailed):
         return exc
     if isinstance(exc, requests.Timeout):
         return WorkFailed("timeout", str(exc), True)
-    if isinstance(exc, requests.ConnectionError):
+    if isinstance(exc, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
         return WorkFailed("connection", str(exc), True)
     return WorkFailed("error", f"{type(exc).__name__}: {exc}", False)
 
@@ -70,17 +75,20 @@ def base_url(url: str) -> str:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    attempts: int = 6  # tries per sample for transient failures (backoff 0.5, 1, 2, 4, 8 s between them)
+    """Backoff between tries of one sample.  There is no attempt limit for transient failures: a
+    limit would turn a baseline outage longer than the backoff sum into silently lost evidence."""
+
     backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
+    max_backoff_s: float = 30.0  # cap: a recovered server is noticed within 30 s, at 2 requests/min while down
     down_after: int = 3  # failed attempts in a row after which the server counts as down
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.backoff_s < 0 or self.down_after < 1:
-            raise ValueError("retry: attempts >= 1, backoff_s >= 0 and down_after >= 1")
+        if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s or self.down_after < 1:
+            raise ValueError("retry: 0 <= backoff_s <= max_backoff_s and down_after >= 1")
 
     def delay(self, attempt: int) -> float:
-        return min(self.max_backoff_s, self.backoff_s * 2 ** attempt)
+        """Seconds to wait after the ``attempt``-th failure (0-based): 0.5, 1, 2, ... 30, 30, ..."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt, 64))
 
 
 class BackgroundWorker:
@@ -177,20 +185,25 @@ class BackgroundWorker:
             return WorkFailed("error", f"{type(e).__name__}: {e}", False)
 
     def _work(self, item: Any) -> None:
-        for attempt in range(self.retry.attempts):
-            err = self._attempt(item)
-            if err is None:
-                self.up, self._failed_in_a_row = True, 0
-                self._count("done")
-                return
+        attempt = 0
+        while (err := self._attempt(item)) is not None:
             self._failed_in_a_row += 1
             if self._failed_in_a_row >= self.retry.down_after:
                 self.up = False
-            if not err.transient or attempt + 1 == self.retry.attempts or self._stop.is_set():
-                break
+            if not err.transient:
+                self._give_up(item, err)
+                return
+            delay = self.retry.delay(attempt)
+            log.log(logging.WARNING if self._failed_in_a_row == self.retry.down_after else logging.INFO,
+                    "%s: %s (attempt %d, retrying in %.1f s)", self.thread_name, err, attempt + 1, delay)
+            if self._stop.wait(delay):  # closing: neither done nor given up, so the service keeps it pending
+                return
             self._count("retries")
-            log.info("%s: %s (attempt %d, retrying)", self.thread_name, err, attempt + 1)
-            self._stop.wait(self.retry.delay(attempt))
+            attempt += 1
+        self.up, self._failed_in_a_row = True, 0
+        self._count("done")
+
+    def _give_up(self, item: Any, err: WorkFailed) -> None:
         self._count("failed")
         key = (self.arm_of(item), err.reason)
         self.failures[key] = self.failures.get(key, 0) + 1
@@ -213,7 +226,9 @@ class BackgroundWorker:
 
     def drain(self, timeout_s: float | None = 30.0, stop: threading.Event | None = None) -> bool:
         """Wait until everything submitted so far is handled; True if drained.  ``timeout_s=None``
-        waits as long as the worker keeps finishing items (or until ``stop`` is set)."""
+        waits until then or until ``stop`` is set: a baseline outage can last, and only the caller's
+        stop (SIGTERM) ends the wait early, leaving the unfinished samples pending (never committed,
+        redone after a restart)."""
         end = None if timeout_s is None else time.monotonic() + timeout_s
         while end is None or time.monotonic() < end:
             if self.queue.unfinished_tasks == 0:

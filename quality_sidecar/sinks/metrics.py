@@ -82,8 +82,9 @@ class Metrics:
                                            "T>0 samples that cannot be judged (aborted, min_tokens, no token ids)",
                                            ["reason"], registry=r)
         self.worker_failed = Counter("quality_sidecar_baseline_failed_samples",
-                                     "Samples a baseline-server worker gave up after its retries, by reason "
-                                     "(timeout, connection, server_error, rejected, rejected_token_ids, bad_response)",
+                                     "Samples a baseline-server worker gave up, by reason: answers a retry "
+                                     "cannot change (rejected, rejected_token_ids, bad_response, error); "
+                                     "timeouts, refused connections, 408/429/5xx are retried until answered",
                                      ["worker", "arm", "reason"], registry=r)
         self.baseline_up = Gauge("quality_sidecar_baseline_up",
                                  "0 while the baseline server keeps failing (then /readyz answers 503)",

@@ -1,13 +1,16 @@
 """The T>0 evidence survives backlog, a slow or failing baseline server and a crash.
 
 The baseline server is the toy model of ``toy_baseline.py`` (slow, 503-on-first-try and down on cue:
-faults a real vLLM server cannot produce on demand); the consumer loop, the scorer, the charts and
+faults a real vLLM server cannot produce on demand; an outage is a real one: its socket is closed, so
+connections are refused, and reopened on the same port); the consumer loop, the scorer, the charts and
 the checkpoint are the real ones, reading a real JSONL file.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ import pytest
 from quality_sidecar.baseline_scoring import scorable
 from quality_sidecar.detectors.likelihood import ImpossibleTokenChart, SamplerParams
 from quality_sidecar.service import Service, ServiceConfig
+from quality_sidecar.workers import RetryPolicy
 
 from .conftest import metric_sum, run_and_scrape, scrape, write_jsonl
 from .toy_baseline import ToyServer, V, sample
@@ -40,11 +44,11 @@ def _stream(n: int, seed: int, fault_every: int = 0) -> list[dict]:
     return out
 
 
-def _service(src: Path, url: str, tmp_path: Path, **conf) -> Service:
+def _service(src: Path, url: str, tmp_path: Path, poll: int = 50, **conf) -> Service:
     cfg = ServiceConfig.from_dict({
         "source": f"file://{src}", "alerts": f"file://{tmp_path / 'alerts.jsonl'}", "progress": False,
         "baseline_url": url + "/v1", "replay_fraction": 0.0, "state_path": str(tmp_path / "state.json"),
-        "max_poll_records": 50,
+        "max_poll_records": poll,
         "conformance": {"fraction": 1.0, "max_queue": 8, "vocab_size": V, **conf}})
     return Service(cfg, http_port=0)
 
@@ -60,8 +64,8 @@ def test_a_backlog_read_at_full_speed_is_scored_whole(toy: ToyServer, tmp_path: 
     toy.delay_s, toy.fail_first = 0.002, True
     samples = _stream(200, seed=1)
     src = write_jsonl(tmp_path / "s.jsonl", samples)
-    svc = _service(src, toy.url, tmp_path, retries=3)
-    svc.scorer.retry = type(svc.scorer.retry)(attempts=3, backoff_s=0.001)
+    svc = _service(src, toy.url, tmp_path)
+    svc.scorer.retry = RetryPolicy(backoff_s=0.001)
     m = run_and_scrape(svc)
     for arm in ("baseline", "candidate"):
         sel = metric_sum(m, "quality_sidecar_conformance_selected_samples_total", arm=arm)
@@ -99,8 +103,8 @@ def test_a_crash_loses_no_scoring_and_counts_nothing_twice(toy: ToyServer, tmp_p
     samples = _stream(40, seed=3)
     src = write_jsonl(tmp_path / "s.jsonl", samples)
     toy.down = True
-    svc = _service(src, toy.url, tmp_path, max_queue=1000, retries=1000)
-    svc.scorer.retry = type(svc.scorer.retry)(attempts=1000, backoff_s=0.01, max_backoff_s=0.01, down_after=3)
+    svc = _service(src, toy.url, tmp_path, max_queue=1000)
+    svc.scorer.retry = RetryPolicy(backoff_s=0.01, max_backoff_s=0.01, down_after=3)
     for _ in range(3):
         svc.step()
     svc.checkpoint()
@@ -119,27 +123,90 @@ def test_a_crash_loses_no_scoring_and_counts_nothing_twice(toy: ToyServer, tmp_p
     assert state["pipeline"]["pending"] == {} and state["offsets"][0][2] == 40
 
 
-def test_a_server_that_stays_down_turns_readiness_red(toy: ToyServer, tmp_path: Path) -> None:
+def _readyz(port: int) -> tuple[int, bytes]:
     import urllib.error
     import urllib.request
 
-    toy.down = True
-    src = write_jsonl(tmp_path / "s.jsonl", _stream(4, seed=4))
-    svc = _service(src, toy.url, tmp_path, retries=2)
-    svc.scorer.retry = type(svc.scorer.retry)(attempts=2, backoff_s=0.0, down_after=2)
     try:
-        svc.http.ready = True
-        svc.step()
-        assert svc.scorer.drain(timeout_s=30)
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(f"http://127.0.0.1:{svc.http.port}/readyz", timeout=5)
-        assert e.value.code == 503 and b"baseline server (conformance)" in e.value.read()
-        svc.checkpoint()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _wait_for(cond, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def test_an_outage_delays_scoring_and_drops_nothing(toy: ToyServer, tmp_path: Path) -> None:
+    """The baseline server refuses connections for ~5 s (its socket closed: far past the old 6-attempt
+    limit at this test's backoff), then listens again on the same port.  Meanwhile the sidecar holds
+    the head sample, turns readiness red, pauses its source and commits nothing past the first unscored
+    sample; afterwards every selected sample is scored, none given up."""
+    samples = _stream(60, seed=4)
+    src = write_jsonl(tmp_path / "s.jsonl", samples)
+    toy.stop()
+    svc = _service(src, toy.url, tmp_path, poll=4)  # max_queue 8: the source pauses after ~8 samples
+    svc.scorer.retry = RetryPolicy(backoff_s=0.01, max_backoff_s=0.2, down_after=3)  # 0.5 s .. 30 s, scaled down
+    out: dict[str, str] = {}
+    t = threading.Thread(target=lambda: out.update(metrics=run_and_scrape(svc)))
+    t.start()
+    try:
+        _wait_for(lambda: svc.scorer.counts["retries"] >= 20 and (tmp_path / "state.json").exists())
+        time.sleep(2 * svc.cfg.commit_interval_s)  # checkpoints run while the server is down
+        code, body = _readyz(svc.http.port)
+        assert code == 503 and b"baseline server (conformance)" in body
         m = scrape(svc.http.port)
         assert metric_sum(m, "quality_sidecar_baseline_up", worker="conformance") == 0
-        assert metric_sum(m, "quality_sidecar_baseline_failed_samples_total", reason="server_error") == 4
+        assert metric_sum(m, "quality_sidecar_backpressure", worker="conformance") == 1
+        assert svc.pipeline.counts["samples"] < 20  # paused, not reading on
+        state = json.loads((tmp_path / "state.json").read_text())
+        assert state["offsets"][0][2] == 0 and len(state["pipeline"]["pending"]) >= 8  # 0 committed unscored
+        time.sleep(3)
+        assert svc.scorer.counts["failed"] == 0 and svc.scorer.pending >= 8
     finally:
-        svc.close()
+        toy.start()
+        t.join(60)
+    assert not t.is_alive()
+    m = out["metrics"]
+    for arm in ("baseline", "candidate"):
+        sel = metric_sum(m, "quality_sidecar_conformance_selected_samples_total", arm=arm)
+        assert sel == 30 and metric_sum(m, "quality_sidecar_conformance_scored_samples_total", arm=arm) == sel
+    assert metric_sum(m, "quality_sidecar_baseline_failed_samples_total") == 0
+    assert metric_sum(m, "quality_sidecar_baseline_up", worker="conformance") == 1
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["offsets"][0][2] == 60 and state["pipeline"]["pending"] == {}
+
+
+def test_stop_during_an_outage_is_prompt_and_leaves_the_unscored_pending(toy: ToyServer, tmp_path: Path) -> None:
+    """SIGTERM while the scorer backs off (the production 0.5 s .. 30 s steps) and the loop waits at the
+    end of the file for it (``drain(None, stopping)``): run() returns within seconds, the unscored
+    samples stay uncommitted and listed as pending, and the restarted sidecar scores them."""
+    samples = _stream(20, seed=9)
+    src = write_jsonl(tmp_path / "s.jsonl", samples)
+    toy.stop()
+    svc = _service(src, toy.url, tmp_path, max_queue=100)  # no backpressure: the loop reaches the drain
+    t = threading.Thread(target=svc.run)
+    t.start()
+    _wait_for(lambda: svc.scorer.counts["retries"] >= 3)  # now in its 4 s backoff
+    t0 = time.monotonic()
+    svc.request_stop()
+    t.join(30)
+    assert not t.is_alive() and time.monotonic() - t0 < 3
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["offsets"][0][2] == 0 and len(state["pipeline"]["pending"]) == 20
+    assert svc.scorer.counts["failed"] == 0 and state["pipeline"]["counts"]["samples"] == 20
+
+    toy.start()
+    svc2 = _service(src, toy.url, tmp_path)
+    assert svc2.run() == 0
+    state = json.loads((tmp_path / "state.json").read_text())
+    conf = state["pipeline"]["conformance"]["toy"]["stats"]
+    assert conf["baseline"]["samples"] + conf["candidate"]["samples"] == 20
+    assert state["pipeline"]["pending"] == {} and state["offsets"][0][2] == 20
 
 
 def test_out_of_vocabulary_tokens_are_impossible(toy: ToyServer, tmp_path: Path) -> None:
@@ -173,6 +240,24 @@ def test_a_sample_the_server_refuses_is_counted_and_released(toy: ToyServer, tmp
     assert metric_sum(m, "quality_sidecar_impossible_tokens_total", reason="vocab") == 1
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["offsets"][0][2] == 3 and state["pipeline"]["pending"] == {}
+
+
+def test_minus_9999_is_read_as_an_impossible_token(toy: ToyServer) -> None:
+    """vLLM sends a -inf log-prob as -9999.0 (the toy sends it as vLLM 0.32's ``clamp_prompt_logprobs``
+    does; what a real server sends is checked in test_conformance_serve.py): the token is impossible,
+    and the sample's mean log-prob stays that of its other tokens instead of falling by 9999/n."""
+    from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient, score_sample
+
+    rng = np.random.default_rng(11)
+    s = sample(rng, NUCLEUS)
+    client, cfg = LogprobClient(toy.url, top_logprobs=20), ConformanceConfig(vocab_size=V)
+    clean = score_sample(client, s, NUCLEUS, cfg, rng)
+    toy.zero_prob = {s["output"]["token_ids"][7]}
+    n_zero = s["output"]["token_ids"].count(s["output"]["token_ids"][7])
+    sc = score_sample(client, s, NUCLEUS, cfg, rng)
+    assert clean.out_of_support == 0 and sc.oos_reasons == {"vocab": n_zero}
+    assert np.isneginf(sc.logprob).sum() == n_zero
+    assert -10 < sc.mean_logprob < 0 and abs(sc.mean_logprob - clean.mean_logprob) < 2
 
 
 def test_samples_that_cannot_be_judged_are_left_out_and_counted() -> None:

@@ -33,6 +33,16 @@ def _config(tmp_path, **extra):
     return path
 
 
+def test_the_removed_retries_key_is_a_clear_error(tmp_path, capsys):
+    """conformance.retries (an attempt limit) is gone: transient failures are retried until the server
+    answers.  An old config that sets it stops with that explanation, not a bare unknown-key error."""
+    src = write_jsonl(tmp_path / "s.jsonl", [])
+    for cmd in (["run", "--source", f"file://{src}", "--http-port", "-1"], ["score", "--input", str(src), "--json", str(tmp_path / "r.json")]):
+        assert main([*cmd, "--config", str(_config(tmp_path, conformance={"retries": 6}))]) == 2
+        err = capsys.readouterr().err
+        assert "conformance.retries was removed" in err and "until the baseline server answers" in err
+
+
 def test_run_file_with_dlq_and_regression_alarm(tmp_path, clean_and_regressed):
     ref, bad = clean_and_regressed("acceptance")
     src = write_jsonl(tmp_path / "s.jsonl", ref + bad, extra_lines=["{not json", '{"schema_version": "1.0"}', "[1,2]"])

@@ -32,9 +32,12 @@ VOCAB = 4096
 
 @pytest.fixture(scope="module")
 def server(demo_model: Path, tmp_path_factory) -> Iterator[VllmServer]:
+    # processed_logprobs: a generated token's log-probs are those of the distribution its sampler drew
+    # from (-inf outside top-k: the -9999 test below).  Prompt log-probs, all the scorer reads, stay
+    # raw in every mode (vLLM: prompt tokens skip the sampling processors), so nothing else changes.
     srv = VllmServer(str(demo_model), env={}, workdir=str(tmp_path_factory.mktemp("serve")),
                      args=["--served-model-name", "demo", "--max-model-len", "768", "--enforce-eager",
-                           "--dtype", "float32", "--seed", "0"])
+                           "--dtype", "float32", "--seed", "0", "--logprobs-mode", "processed_logprobs"])
     try:
         yield srv.start()
     finally:
@@ -96,6 +99,36 @@ def test_client_reads_both_log_prob_apis_and_scores_exact_output_as_uniform(serv
         assert sc.out_of_support == 0 and sc.skipped == 0  # T=1 plain: the tail bucket keeps every token
         u.extend(sc.pit)
     assert pit_test(u).pvalue > 1e-3, pit_test(u)
+
+
+def test_vllm_sends_minus_inf_as_minus_9999_and_the_scorer_reads_it_as_impossible(server, streams) -> None:
+    """What a real vLLM 0.32 server sends for a probability-0 token, and how the scorer reads it.
+
+    The server's processed log-probs at top_k=3 give every token past the 3rd probability 0; it sends
+    them as -9999.0 (JSON has no -inf), never as null or -Infinity.  Read through the scorer's echo
+    reader (the same ``token_id:N`` rows), they are -inf: a sample whose last token is one of them
+    counts one impossible (``vocab``) token, and its mean log-prob is that of its other tokens, not
+    -9999/n lower."""
+    s = streams["baseline"][0]
+    body = {"model": "demo", "prompt": s["prompt_token_ids"], "max_tokens": 12, "temperature": 1.0, "top_k": 3,
+            "logprobs": 6, "return_tokens_as_token_ids": True, "return_token_ids": True, "seed": 0,
+            "ignore_eos": True}
+    r = requests.post(server.url + "/v1/completions", json=body, timeout=300)
+    r.raise_for_status()
+    choice = r.json()["choices"][0]
+    rows, toks = choice["logprobs"]["top_logprobs"], choice["logprobs"]["token_logprobs"]
+    values = [v for row in rows for v in row.values()]
+    assert all(isinstance(v, float) for v in values) and min(values) == -9999.0
+    assert all(sum(v > -9999.0 for v in row.values()) == 3 for row in rows)  # the top 3 and nothing else
+    out = list(choice["token_ids"])
+    assert len(out) == len(rows) == len(toks) == 12
+    zero = next(int(name.split(":")[1]) for name, v in rows[-1].items() if v == -9999.0)
+    out[-1], toks = zero, [*toks[:-1], rows[-1][f"token_id:{zero}"]]
+    ids, lps, tok = LogprobClient._from_echo(rows, toks, out, 6)
+    assert np.isneginf(tok[-1]) and np.isfinite(tok[:-1]).all() and (np.isneginf(lps).sum(axis=1) == 3).all()
+    sc = score_topk(ids, lps, out, tok, SamplerParams(1.0), np.random.default_rng(0), vocab_size=VOCAB)
+    assert sc.oos_reasons == {"vocab": 1} and sc.out_of_support == 1
+    assert sc.mean_logprob == pytest.approx(float(np.mean(toks[:-1])))  # not (sum - 9999) / n
 
 
 def test_sidecar_alarms_on_the_sharper_sampler_only(server, streams, tmp_path: Path) -> None:

@@ -63,13 +63,16 @@ class ToyServer:
 
     Fault injection (class-level, set by the test): ``delay_s`` per request, ``fail_first`` (the
     first try of every sequence answers 503), ``down`` (every request answers 503); ``max_logprobs``
-    refuses a larger K with vLLM 0.32's 400 message (``--max-logprobs``, default 20).
+    refuses a larger K with vLLM 0.32's 400 message (``--max-logprobs``, default 20).  ``stop()`` closes
+    the listening socket (connections are refused, as from a pod that is gone) and ``start()`` listens
+    again on the same port (the pod is back).
     """
 
     def __init__(self) -> None:
         self.delay_s, self.fail_first, self.down, self.max_logprobs = 0.0, False, False, 20
         self.asked_k: list[int] = []
         self.unknown_models: set[str] = set()  # answered 404, as vLLM answers a model it does not serve
+        self.zero_prob: set[int] = set()  # tokens sent with vLLM's -9999.0 for a -inf log-prob (clamp_prompt_logprobs)
         self.requests = 0
         self.tried: set[tuple[int, ...]] = set()
         outer = self
@@ -101,8 +104,8 @@ class ToyServer:
                     r = row(seq[j - 1])
                     order = np.argsort(-r, kind="stable")
                     rank = {int(t): i + 1 for i, t in enumerate(order)}
-                    d = {str(int(t)): {"logprob": float(r[t]), "rank": rank[int(t)]} for t in order[:k]}
-                    d[str(seq[j])] = {"logprob": float(r[seq[j]]), "rank": rank[seq[j]]}
+                    d = {str(int(t)): {"logprob": outer.logprob(r, int(t)), "rank": rank[int(t)]} for t in order[:k]}
+                    d[str(seq[j])] = {"logprob": outer.logprob(r, seq[j]), "rank": rank[seq[j]]}
                     plp.append(d)
                 self._send(200, {"choices": [{"text": "", "prompt_logprobs": plp}]})
 
@@ -117,10 +120,22 @@ class ToyServer:
             def log_message(self, *a: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._handler = Handler
+        self.port = 0
+        self.start()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def logprob(self, r: np.ndarray, t: int) -> float:
+        """Token t's log-prob in row r as the server sends it (-9999.0 for a zero-probability token)."""
+        return -9999.0 if t in self.zero_prob else float(r[t])
+
+    def start(self) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler)  # SO_REUSEADDR: same port
+        self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def close(self) -> None:
+    def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    close = stop
