@@ -43,6 +43,8 @@ from .validate import sample_errors
 
 log = logging.getLogger("quality_sidecar")
 
+Origin = tuple[bytes, dict[str, Any]]  # a record's raw bytes and where it came from (the DLQ keeps both)
+
 ALARM_HELP = {
     "refusal": ("refusal rate rose", "read the example traces; check the model/template version and the decoder"),
     "format_invalid": ("more outputs break their format", "check structured-output settings and the decoder"),
@@ -207,36 +209,99 @@ class Pipeline:
             self.seen.popitem(last=False)
         return obj
 
-    def process(self, samples: list[dict[str, Any]]) -> list[Alarm]:
+    def reject_sample(self, sample: dict[str, Any], origin: Origin | None, reason_label: str, reason: str,
+                      dlq: JsonWriter | None) -> None:
+        """Dead-letter a valid sample that the sidecar failed on (``origin``: its raw bytes and source
+        position; a sample handed over without them is re-serialised)."""
+        log.warning("dead-lettering %s (%s): %s", sample.get("request_id"), reason_label, reason)
+        raw, where = origin if origin is not None else (json.dumps(sample, default=str).encode(), {})
+        self.reject(raw, reason_label, reason, where, dlq)
+
+    def featurize(self, samples: list[dict[str, Any]], origins: list[Origin] | None = None,
+                  dlq: JsonWriter | None = None) -> tuple[list[int], list[Features]]:
+        """(indices kept, their features): the per-record work (feature extraction, every classifier).
+
+        The batch goes through the classifiers' vectorised paths at once; if anything raises, each
+        sample is redone alone, so a poison record -- say a degenerate output that breaks a parser --
+        costs only itself: it goes to the DLQ (``classifier_error``) and the rest of the batch is kept.
+        """
+        try:
+            return list(range(len(samples))), self.classify(samples)
+        except Exception:  # noqa: BLE001 - find the record(s) below
+            pass
+        kept, feats = [], []
+        for i, smp in enumerate(samples):
+            try:
+                feats += self.classify([smp])
+                kept.append(i)
+            except Exception as e:  # noqa: BLE001 - one record must not stop the stream
+                self.reject_sample(smp, origins[i] if origins else None, "classifier_error",
+                                   f"{type(e).__name__}: {str(e)[:300]}", dlq)
+        return kept, feats
+
+    def process(self, samples: list[dict[str, Any]], origins: list[Origin] | None = None,
+                dlq: JsonWriter | None = None) -> list[Alarm]:
         """Classify and monitor a batch of valid samples; returns (and emits) new alarms."""
+        kept, feats = self.featurize(samples, origins, dlq)
+        return self.monitor([samples[i] for i in kept], feats, [origins[i] for i in kept] if origins else None, dlq)
+
+    def monitor(self, samples: list[dict[str, Any]], feats: list[Features], origins: list[Origin] | None = None,
+                dlq: JsonWriter | None = None) -> list[Alarm]:
+        """Feed classified samples to the charts; returns (and emits) new alarms.
+
+        A chart that raises is a sidecar bug, not the stream's: the records it raised on are
+        dead-lettered (``detector_error``, replayable once fixed) and the other charts and records go
+        on.  Only records not dead-lettered count as samples, so records = samples + duplicates + DLQ.
+        """
         if not samples:
             return []
-        feats = self.classify(samples)
-        groups: dict[tuple[str, str], list[Features]] = {}
-        for f in feats:
-            groups.setdefault((f.model, f.arm), []).append(f)
+        dead: set[int] = set()
+
+        def guarded(name: str, idx: list[int], call: Callable[..., list[Alarm]], *args: Any) -> list[Alarm]:
+            try:
+                return call(*args)
+            except Exception as e:  # noqa: BLE001
+                log.exception("chart %s failed on %d record(s)", name, len(idx))
+                for i in idx:
+                    if i not in dead:
+                        dead.add(i)
+                        self.reject_sample(samples[i], origins[i] if origins else None, "detector_error",
+                                           f"{name}: {type(e).__name__}: {str(e)[:300]}", dlq)
+                return []
+
         alarms: list[Alarm] = []
         with self._lock:
-            for smp in samples:
-                keys = repeat_keys(smp)
-                if keys is None:
-                    continue
-                model, arm = smp["model"], smp["deployment"]["arm"]
-                chart = self.repeats.setdefault(model, RepeatChart(
-                    restart_after_alarm=self.cfg.monitor.restart_after_alarm))
-                r = chart.add(arm, *keys)
-                if r is not None and r.alarm_new:
-                    alarms.append(Alarm("repeated_samples", model, arm, r, [smp["trace_id"]] if smp.get("trace_id")
-                                        else [], [smp["request_id"]]))
-            for (model, arm), fs in groups.items():
-                mon = self._stream(model, arm)
-                alarms += mon.update(fs)
-                alarms += self.compare.setdefault(model, ArmComparison(model, self.cfg.monitor)).update(arm, fs)
-                alarms += self.pairs.setdefault(model, PairTable(model, self.cfg.monitor)).add(fs)
-                self.metrics.samples.labels(model, arm).inc(len(fs))
-            self.counts["samples"] += len(feats)
+            for i, smp in enumerate(samples):
+                alarms += guarded("repeated_samples", [i], self._add_repeat, smp)
+            groups: dict[tuple[str, str], list[int]] = {}
+            for i, f in enumerate(feats):
+                if i not in dead:
+                    groups.setdefault((f.model, f.arm), []).append(i)
+            for (model, arm), idx in groups.items():
+                fs = [feats[i] for i in idx]
+                alarms += guarded("stream", idx, self._stream(model, arm).update, fs)
+                alarms += guarded("arm_comparison", idx, self.compare.setdefault(
+                    model, ArmComparison(model, self.cfg.monitor)).update, arm, fs)
+                alarms += guarded("exact_match", idx, self.pairs.setdefault(
+                    model, PairTable(model, self.cfg.monitor)).add, fs)
+                n = sum(i not in dead for i in idx)
+                if n:
+                    self.metrics.samples.labels(model, arm).inc(n)
+            self.counts["samples"] += len(samples) - len(dead)
             self._emit(alarms)
         return alarms
+
+    def _add_repeat(self, smp: dict[str, Any]) -> list[Alarm]:
+        keys = repeat_keys(smp)
+        if keys is None:
+            return []
+        model, arm = smp["model"], smp["deployment"]["arm"]
+        chart = self.repeats.setdefault(model, RepeatChart(restart_after_alarm=self.cfg.monitor.restart_after_alarm))
+        r = chart.add(arm, *keys)
+        if r is None or not r.alarm_new:
+            return []
+        return [Alarm("repeated_samples", model, arm, r, [smp["trace_id"]] if smp.get("trace_id") else [],
+                      [smp["request_id"]])]
 
     def track(self, worker: str, sample: dict[str, Any], where: tuple[str, int, int]) -> None:
         with self._lock:
@@ -741,7 +806,10 @@ class Service:
             records = [r for r in records if (r.topic, r.partition) not in gone]
         if dropped:  # read again from the first dropped record where this member still owns the partition
             self.source.rewind(dropped)
-        valid = []
+        valid: list[dict[str, Any]] = []
+        origins: list[Origin] = []
+        wheres: list[tuple[str, int, int]] = []
+        redelivered: list[tuple[str, dict[str, Any], tuple[str, int, int]]] = []
         for rec in records:
             tp = (rec.topic, rec.partition)
             if rec.offset < self.offsets.get(tp, -1):
@@ -749,12 +817,30 @@ class Service:
             sample = self.pipeline.decode(rec.value, rec.where, self.dlq)
             if sample is not None:
                 valid.append(sample)
-                self._submit(sample, (*tp, rec.offset))
-            for worker, again in self.pipeline.redelivered:
-                self._submit(again, (*tp, rec.offset), only=worker)
+                origins.append((rec.value, rec.where))
+                wheres.append((*tp, rec.offset))
+            redelivered += [(w, again, (*tp, rec.offset)) for w, again in self.pipeline.redelivered]
             self.pipeline.redelivered.clear()
+        kept, feats = self.pipeline.featurize(valid, origins, self.dlq)
+        submitted = []
+        for i, f in zip(kept, feats):
+            try:
+                self._submit(valid[i], wheres[i])
+            except Exception as e:  # noqa: BLE001 - a worker that cannot take a record dead-letters it alone
+                self.pipeline.untrack(valid[i])
+                self.pipeline.reject_sample(valid[i], origins[i], "worker_error", f"{type(e).__name__}: {e}", self.dlq)
+                continue
+            submitted.append((i, f))
+        for worker, again, where in redelivered:
+            with contextlib.suppress(Exception):  # already counted; its worker failing again is logged there
+                self._submit(again, where, only=worker)
+        self.pipeline.monitor([valid[i] for i, _ in submitted], [f for _, f in submitted],
+                              [origins[i] for i, _ in submitted], self.dlq)
+        # Offsets advance only now, past records that were processed or dead-lettered: an exception
+        # above leaves them uncommitted (the final checkpoint of ``run`` commits what was done).
+        for rec in records:
+            tp = (rec.topic, rec.partition)
             self.consumed[tp] = rec.offset + 1
-        self.pipeline.process(valid)
         if self.http is not None:
             self.http.heartbeat = time.monotonic()
         return len(records)

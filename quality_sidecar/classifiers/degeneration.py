@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .base import Verdict
 
 TRUNCATED_REASONS = frozenset({"length", "abort", "error"})
@@ -33,14 +35,20 @@ def repeated_ngram_ratio(words: list[str], n: int = 4) -> float:
 
 
 def tail_loop(words: list[str], max_period: int = 32) -> tuple[int, int]:
-    """(period, repeats) of the longest-covering loop at the end of ``words``; (0, 0) if none."""
-    best = (0, 0)
-    best_cover = 0
+    """(period, repeats) of the longest-covering loop at the end of ``words``; (0, 0) if none.
+
+    Vectorised (one array comparison per period): a looping decoder's output can be megabytes of
+    one word, and the sidecar must classify it as fast as any other output."""
     n = len(words)
+    if n < 2:
+        return (0, 0)
+    codes: dict[str, int] = {}
+    ids = np.fromiter((codes.setdefault(w, len(codes)) for w in words), dtype=np.int64, count=n)
+    best, best_cover = (0, 0), 0
     for p in range(1, min(max_period, n // 2) + 1):
-        reps = 1
-        while (reps + 1) * p <= n and words[n - (reps + 1) * p:n - reps * p] == words[n - p:]:
-            reps += 1
+        differ = np.flatnonzero(ids[p:] != ids[:-p])  # position i+p repeats position i
+        run = n - p - (int(differ[-1]) + 1) if differ.size else n - p  # trailing positions that repeat
+        reps = 1 + run // p
         if reps >= 2 and reps * p > best_cover:
             best, best_cover = (p, reps), reps * p
     return best

@@ -58,10 +58,14 @@ def check_json(text: str, response_format: dict[str, Any] | None) -> tuple[bool,
         value = json.loads(body)
     except json.JSONDecodeError as e:
         return False, f"invalid JSON at char {e.pos}: {e.msg}"
+    except RecursionError:  # e.g. "[" x 5000 + "]" x 5000: what a looping decoder emits
+        return False, "JSON nested deeper than the parser's recursion limit (degenerate output)"
     schema = _schema_of(response_format) if response_format else None
     if schema:
         try:
             err = next(iter(_compiled_validator(json.dumps(schema, sort_keys=True)).iter_errors(value)), None)
+        except RecursionError:
+            return False, "JSON nested too deeply to validate against the schema (degenerate output)"
         except Exception as e:  # noqa: BLE001 (a broken client schema is not the model's fault)
             return True, f"response_format schema unusable: {e}"
         if err is not None:
@@ -74,6 +78,8 @@ def _compile_incomplete_ok(source: str) -> tuple[bool, str]:
     try:  # fast path: a parse-only compile (no bytecode) of complete, valid code
         compile(source, "<output>", "exec", ast.PyCF_ONLY_AST | _DONT_INHERIT)
         return True, ""
+    except (RecursionError, MemoryError):  # nesting beyond the compiler's limits: degenerate code
+        return False, "code nested deeper than the compiler's limit"
     except (SyntaxError, ValueError, OverflowError):
         pass
     with warnings.catch_warnings():
@@ -81,6 +87,8 @@ def _compile_incomplete_ok(source: str) -> tuple[bool, str]:
         try:
             codeop.compile_command(source, "<output>", "exec")
             return True, ""
+        except (RecursionError, MemoryError):
+            return False, "code nested deeper than the compiler's limit"
         except (SyntaxError, ValueError, OverflowError) as e:
             line = getattr(e, "lineno", None)
             return False, f"{type(e).__name__} line {line}: {getattr(e, 'msg', e)}"
