@@ -300,7 +300,8 @@ class Pipeline:
         r = chart.add(arm, *keys)
         if r is None or not r.alarm_new:
             return []
-        return [Alarm("repeated_samples", model, arm, r, [smp["trace_id"]] if smp.get("trace_id") else [],
+        # The match that fired may complete on a baseline sample: the alarm is the candidate's.
+        return [Alarm("repeated_samples", model, r.extra["arm"], r, [smp["trace_id"]] if smp.get("trace_id") else [],
                       [smp["request_id"]])]
 
     def track(self, worker: str, sample: dict[str, Any], where: tuple[str, int, int]) -> None:
