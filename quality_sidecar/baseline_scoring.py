@@ -234,17 +234,32 @@ class LogprobClient:
         return ids, lps, tok
 
 
+def unscorable_reason(sampling: dict[str, Any]) -> str | None:
+    """Why a T>0 sample's distribution cannot be rebuilt from prompt log-probs (None: greedy).  Such
+    samples are counted per reason, so that a decoder whose faults hide behind these options shows up
+    as a share of its traffic nobody checks."""
+    if not (sampling.get("temperature") or 0) > 0:
+        return None
+    if sampling.get("response_format"):
+        return "structured_output"
+    if any(sampling.get(k) for k in ("frequency_penalty", "presence_penalty")) \
+            or sampling.get("repetition_penalty") not in (None, 1, 1.0):
+        return "penalties"
+    return "logits_modified"
+
+
 def scorable(sample: dict[str, Any]) -> SamplerParams | str | None:
     """The sampler to judge a sample under, a reason it cannot be judged, or None (not T>0 plain).
 
     Excluded, with the reason as a string: requests that ended by ``abort`` / ``error`` (cut at an
     arbitrary point, and always sampled by the producer: ~100x over-represented), ``min_tokens`` > 0
-    (EOS was masked until then: the sampler's distribution differs from the model's), and samples
-    without token ids.  None: greedy, penalties, logit modifiers, structured output.
+    (EOS was masked until then: the sampler's distribution differs from the model's), samples
+    without token ids, and T>0 requests with penalties, logit modifiers or structured output
+    (``unscorable_reason``).  None: greedy.
     """
     params = SamplerParams.from_sampling(sample.get("sampling"))
     if params is None:
-        return None
+        return unscorable_reason(sample.get("sampling") or {})
     out = sample.get("output") or {}
     if sample.get("error") or out.get("finish_reason") in ("abort", "error"):
         return "aborted"
@@ -304,8 +319,8 @@ class ScoringWorker(PairWorker):
     """Background scorer: ``submit(sample)`` (non-blocking) -> ``on_result(sample, SequenceScore)``.
 
     Counts (``counts``): ``submitted``, ``done`` (scored), ``failed``, ``retries`` and
-    ``skipped_<reason>`` (``scorable``); ``failures`` per (arm, reason).  Samples that are not plain
-    T>0 (greedy, penalties, logit modifiers) are not eligible and not counted.
+    ``skipped_<reason>`` (``scorable``); ``failures`` per (arm, reason).  Greedy samples are not
+    eligible and not counted.
     """
 
     thread_name = "conformance-scorer"

@@ -63,11 +63,11 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
     lp: dict[str, dict[str, list[float]]] = {}
     impossible = ImpossibleTokenChart(IMPOSSIBLE_ALPHA, cc.impossible_floor_per_token)
     examples: dict[str, list[str]] = {}
-    counts: dict[str, int] = {"scored": 0, "not_t_above_0_or_modified": 0}
+    counts: dict[str, int] = {"scored": 0, "greedy": 0}
     for s in tqdm(samples, desc="scoring T>0 under the baseline", unit=" samples", disable=not progress):
         params = scorable(s)
         if params is None or isinstance(params, str):
-            key = params or "not_t_above_0_or_modified"
+            key = params or "greedy"
             counts[key] = counts.get(key, 0) + 1
             continue
         out = s["output"]["token_ids"]

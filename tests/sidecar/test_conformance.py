@@ -252,3 +252,21 @@ def test_full_row_pit_is_the_pit_of_sampler_probs(params: SamplerParams) -> None
     above = (np.cumsum(qs, axis=1) - qs)[rows, pos]
     u = above + v * qs[rows, pos]
     np.testing.assert_allclose(full.pit, u, atol=1e-9)
+
+
+@pytest.mark.parametrize("sampling, reason", [
+    ({"temperature": 0.0, "presence_penalty": 1.0}, None),
+    ({"temperature": 0.8, "presence_penalty": 0.5}, "penalties"),
+    ({"temperature": 0.8, "repetition_penalty": 1.2}, "penalties"),
+    ({"temperature": 0.8, "logit_bias": {"5": 3}}, "logits_modified"),
+    ({"temperature": 0.8, "logits_modified": True}, "logits_modified"),
+    ({"temperature": 0.8, "response_format": {"type": "json_object"}}, "structured_output"),
+    ({"temperature": 0.8, "top_p": 0.9}, "plain"),
+])
+def test_every_unscorable_t_above_0_sample_has_a_reason(sampling: dict, reason: str | None) -> None:
+    """T>0 samples the scorer cannot judge are counted by reason, never silently ineligible."""
+    from quality_sidecar.baseline_scoring import scorable
+
+    s = {"sampling": sampling, "prompt_token_ids": [1, 2], "output": {"token_ids": [3], "finish_reason": "stop"}}
+    got = scorable(s)
+    assert (got if not isinstance(got, SamplerParams) else "plain") == reason
