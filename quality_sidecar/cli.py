@@ -29,6 +29,8 @@ RUN_FLAGS = {  # flag -> (config key, type, help)
     "config": ("config", str, "YAML config (keys of ServiceConfig, detector knobs under 'monitor:')"),
     "baseline-url": ("baseline_url", str, "vLLM server without speculation (http://host:8000 or .../v1): greedy "
                                           "prompts are replayed against it, T>0 outputs scored under it"),
+    "baseline-dtype": ("baseline_dtype", str, "the baseline server's --dtype (float32, bfloat16, ...): greedy "
+                                              "samples served at another dtype are not replayed (dtype_mismatch)"),
     "webhook-url": ("webhook_url", str, "POST alert events as JSON to this URL"),
     "state": ("state_path", str, "state file: exactly-once counts across restarts (see docs/sidecar.md)"),
     "reference": ("reference_path", str, "JSONL of reference samples (frozen reference window)"),

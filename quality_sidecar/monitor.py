@@ -3,7 +3,7 @@
 This is where the false-alarm budget is spent.  Per (model, arm) stream the total ERT
 (``MonitorConfig.ert_total``, samples between false alarms, all detectors together) is split by the
 union bound over ``N_DETECTORS`` slots: eight CUSUM charts (refusal, format_invalid, unsafe,
-degenerate, truncated, length up, length down, acceptance down), the T=0 exact-match chart and the
+degenerate, truncated, length up, length down, acceptance down), the T=0 exact-match test and the
 windowed two-sample family (Holm inside it).  Each chart therefore runs at ERT = 10 x ert_total.
 
 Reference: the first ``reference_size`` samples of each stream are its frozen reference window
@@ -54,9 +54,7 @@ class MonitorConfig:
     rate_delta: float = 0.02
     length_shift: float = 0.3
     acceptance_shift: float = 0.5
-    aa_mismatch_rate: float = 0.002
-    aa_min_pairs: int = 200
-    exact_match_delta: float = 0.015
+    exact_match_block: int = 400
     pair_cache: int = 50_000
     pair_state_entries: int = 1000
     text_test: bool = True
@@ -66,6 +64,19 @@ class MonitorConfig:
     @property
     def ert_each(self) -> float:
         return self.ert_total * N_DETECTORS
+
+
+# Keys of ``monitor:`` that were removed, with why and what to do instead: a config that still sets
+# one stops with this message (``ServiceConfig.from_dict``) rather than a bare "unknown config key".
+REMOVED_MONITOR_KEYS = {
+    "aa_mismatch_rate": "monitor.aa_mismatch_rate was removed: exact_match no longer tests against a configured "
+                        "A/A rate (a guess that, in bf16, sent exact decoders to rollback); it compares the "
+                        "candidate's mismatch rate with the baseline arm's measured one; delete the key",
+    "exact_match_delta": "monitor.exact_match_delta was removed: exact_match is a two-sample test now, not a "
+                         "CUSUM tuned to a shift; its false-alarm rate is the ERT of every chart (ert_total); delete the key",
+    "aa_min_pairs": "monitor.aa_min_pairs was replaced by monitor.exact_match_block: the candidate pairs per "
+                    "test, and the A/A pairs a source needs before exact_match gives any verdict",
+}
 
 
 @dataclass
@@ -358,26 +369,25 @@ class ArmComparison(StatefulDetector):
 class PairTable(StatefulDetector):
     """Greedy outputs waiting for their counterpart in the other arm (bounded LRU by pair key).
 
-    Baseline-vs-baseline pairs (the same prompt served twice by the baseline arm, or a baseline
-    sample replayed against ``--baseline-url``) are A/A pairs.  Once ``cfg.aa_min_pairs`` of them
-    exist, the exact-match chart's in-control rate is learned from them (``PairedExactMatch.learn_aa``)
-    instead of the configured ``aa_mismatch_rate``, and re-learned each time their number doubles.
-    ``rebaseline()`` forgets them and starts again from the configured rate.
+    Feeds ``PairedExactMatch`` with both kinds of pairs and their measured A/A references: the same
+    prompt served twice by the baseline arm is an A/A ``arm`` pair, a baseline-arm sample replayed
+    against ``--baseline-url`` an A/A ``replay`` pair.  There is no configured A/A rate: without
+    ``cfg.exact_match_block`` A/A pairs of a source, that source gives no verdict.
+    ``rebaseline()`` forgets them.
 
-    State: the A/A counts, the chart, the mismatch examples and the newest
+    State: the detector (A/A and candidate counts), the mismatch examples and the newest
     ``cfg.pair_state_entries`` outputs still waiting for a counterpart.  The full table, up to
     ``pair_cache`` token-id lists, would make the state file megabytes per checkpoint.  An older
     waiting output lost in a restart costs one pair, not a statistic.
     """
 
-    STATE = ("table", "aa_pairs", "aa_mismatches", "aa_fitted_at", "mismatch_examples", "detector", "last")
+    STATE = ("table", "mismatch_examples", "detector", "last")
+    STATE_VERSION = 2
 
     def __init__(self, model: str, cfg: MonitorConfig):
         self.model, self.cfg = model, cfg
         self.table: OrderedDict[str, tuple[str, list[int] | None, str | None, str]] = OrderedDict()
-        self.detector = PairedExactMatch(cfg.ert_each, delta=cfg.exact_match_delta, aa_rate=cfg.aa_mismatch_rate,
-                                         restart_after_alarm=cfg.restart_after_alarm).fit()
-        self.aa_pairs = self.aa_mismatches = self.aa_fitted_at = 0
+        self.detector = PairedExactMatch(cfg.ert_each, cfg.exact_match_block)
         self.mismatch_examples: deque = deque(maxlen=5)
         self.last: Result | None = None
 
@@ -389,7 +399,7 @@ class PairTable(StatefulDetector):
             other = self.table.pop(f.pair_key, None)
             if other is None or other[0] == f.arm:
                 if other is not None and f.arm == "baseline":  # A/A pair: tracks batch non-invariance
-                    self.add_aa_pair(other[1], f.token_ids)
+                    self.detector.add_aa([other[1] != f.token_ids], "arm")
                 self.table[f.pair_key] = (f.arm, f.token_ids, f.trace_id, f.request_id)
                 if len(self.table) > self.cfg.pair_cache:
                     self.table.popitem(last=False)
@@ -397,27 +407,24 @@ class PairTable(StatefulDetector):
             cand, base = (f.token_ids, other[1]) if f.arm == "candidate" else (other[1], f.token_ids)
             pairs.append((cand, base))
             trace.append((f.trace_id, f.request_id) if f.arm == "candidate" else (other[2], other[3]))
-        return self._score(pairs, trace)
+        return self._score(pairs, trace, "arm")
 
-    def add_aa_pair(self, first_ids: list[int] | str | None, second_ids: list[int] | str | None) -> None:
-        """One baseline-vs-baseline pair; re-learns the A/A rate at aa_min_pairs, then at each doubling."""
-        self.aa_pairs += 1
-        self.aa_mismatches += int(first_ids != second_ids)
-        if self.aa_pairs >= self.cfg.aa_min_pairs and self.aa_pairs >= 2 * self.aa_fitted_at:
-            self.detector.learn_aa(self.aa_pairs, self.aa_mismatches)
-            self.aa_fitted_at = self.aa_pairs
+    def add_replay(self, arm: str, output: list[int] | str | None, replayed: list[int] | str | None,
+                   trace_id: str | None, request_id: str) -> list[Alarm]:
+        """A sample and the ``--baseline-url`` server's answer to its prompt: a test pair for the
+        candidate arm, an A/A pair (the measured reference) for the baseline arm."""
+        if arm == "baseline":
+            self.detector.add_aa([output != replayed], "replay")
+            return []
+        return self._score([(output, replayed)], [(trace_id, request_id)], "replay")
 
-    def add_pair(self, cand_ids, base_ids, trace_id: str | None, request_id: str) -> list[Alarm]:
-        """A pair from the replay client (baseline answer fetched from ``--baseline-url``)."""
-        return self._score([(cand_ids, base_ids)], [(trace_id, request_id)])
-
-    def _score(self, pairs, trace) -> list[Alarm]:
+    def _score(self, pairs: list, trace: list, source: str) -> list[Alarm]:
         if not pairs:
             return []
         for (c, b), t in zip(pairs, trace):
             if c != b:
                 self.mismatch_examples.append(t)
-        r = self.detector.update(pairs)
+        r = self.detector.update(pairs, source)
         self.last = r
         if r.alarm_new:
             ex = list(self.mismatch_examples)
@@ -425,15 +432,18 @@ class PairTable(StatefulDetector):
         return []
 
     def active_alarms(self) -> list[dict[str, Any]]:
-        c = self.detector.chart
-        if not c.alarm_:
+        d = self.detector
+        if not d.alarm_:
             return []
-        return [{"detector": "exact_match", "model": self.model, "arm": "candidate", "statistic": c.s_,
-                 "threshold": c.threshold_, "alarm_index": c.alarm_index_, "samples_since_fit": c.n_,
-                 "aa_rate": c.p0_, "aa_rate_source": dict(self.detector.aa_source_)}]
+        st = d.sources_[d.alarm_source_]
+        return [{"detector": "exact_match", "model": self.model, "arm": "candidate", "source": d.alarm_source_,
+                 "statistic": self.last.statistic if self.last else math.nan,
+                 "threshold": self.last.threshold if self.last else math.nan, "pvalue": st["pvalue"],
+                 "samples_since_fit": st["pairs"], "mismatches": st["mismatches"], "aa_pairs": st["aa_pairs"],
+                 "aa_mismatches": st["aa_mismatches"]}]
 
     def acknowledge(self, detector: str | None = None) -> list[str]:
-        if detector not in (None, "exact_match") or not self.detector.chart.alarm_:
+        if detector not in (None, "exact_match") or not self.detector.alarm_:
             return []
         self.detector.acknowledge()
         if self.last is not None:
@@ -441,12 +451,18 @@ class PairTable(StatefulDetector):
         return ["exact_match"]
 
     def rebaseline(self) -> None:
-        """Forget the A/A pairs and the chart: back to ``aa_mismatch_rate`` until new A/A pairs arrive."""
+        """Forget the A/A pairs, the candidate pairs and the waiting table: no verdict until new pairs."""
         self.detector.fit()
-        self.aa_pairs = self.aa_mismatches = self.aa_fitted_at = 0
         self.table.clear()
         self.mismatch_examples.clear()
         self.last = None
+
+    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 1 carried A/A counts beside a CUSUM; the waiting table and examples carry over, the
+        detector upgrades itself (its counts start anew)."""
+        old = st.get("state", {})
+        return {"version": self.STATE_VERSION,
+                "state": {k: old.get(k, [] if k != "last" else None) for k in self.STATE}}
 
     def _encode_state(self, name: str, value: Any) -> Any:
         if name == "table":

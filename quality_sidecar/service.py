@@ -37,7 +37,14 @@ from .detectors.base import to_jsonable
 from .detectors.embedders import make_embedder
 from .detectors.repeats import RepeatChart, repeat_keys
 from .features import Features, extract
-from .monitor import Alarm, ArmComparison, MonitorConfig, PairTable, StreamMonitor
+from .monitor import (
+    REMOVED_MONITOR_KEYS,
+    Alarm,
+    ArmComparison,
+    MonitorConfig,
+    PairTable,
+    StreamMonitor,
+)
 from .sinks import AlertSink, JsonWriter, Metrics, dlq_record
 from .validate import sample_errors
 
@@ -54,7 +61,8 @@ ALARM_HELP = {
     "length_up": ("outputs got longer", "compare prompts mix; if unchanged, suspect the decoder/model"),
     "length_down": ("outputs got shorter", "compare prompts mix; if unchanged, suspect the decoder/model"),
     "acceptance_down": ("draft acceptance fell (speed, not correctness)", "check lookahead params and traffic mix"),
-    "exact_match": ("greedy outputs differ from the baseline beyond the A/A rate",
+    "exact_match": ("greedy outputs differ from the baseline more often than the baseline arm's own "
+                    "(measured A/A mismatch rate, same pair source)",
                     "lossless decoding is broken: roll the candidate back, replay the example prompts"),
     "sampling_conformance": ("T>0 outputs are not distributed as the sampler specifies, judged by the "
                              "baseline model's own likelihood (PIT)",
@@ -79,6 +87,7 @@ class ServiceConfig:
     alerts: str | None = None
     webhook_url: str | None = None
     baseline_url: str | None = None
+    baseline_dtype: str | None = None  # the baseline server's dtype: replays of samples served at another are refused
     replay_fraction: float = 0.1
     state_path: str | None = None
     reference_path: str | None = None
@@ -105,6 +114,9 @@ class ServiceConfig:
         bad = set(d) - known
         mknown = {f.name for f in fields(MonitorConfig)}
         cknown = {f.name for f in fields(ConformanceConfig)}
+        removed = sorted(set(mon) & set(REMOVED_MONITOR_KEYS))
+        if removed:
+            raise ValueError("; ".join(REMOVED_MONITOR_KEYS[k] for k in removed))
         if bad or set(mon) - mknown or set(conf) - cknown:
             raise ValueError(f"unknown config keys: "
                              f"{sorted(bad | (set(mon) - mknown) | {'conformance.' + k for k in set(conf) - cknown})}")
@@ -348,8 +360,8 @@ class Pipeline:
     def add_replay_pair(self, sample: dict[str, Any], baseline: dict[str, Any]) -> None:
         """Callback of the replay worker: pair a greedy output with the baseline server's answer.
 
-        A candidate sample gives a test pair; a baseline-arm sample gives an A/A pair, from which
-        the exact-match chart learns its in-control mismatch rate."""
+        A candidate sample gives a test pair; a baseline-arm sample gives an A/A pair: the measured
+        mismatch rate the candidate's is tested against (no A/A pairs, no verdict)."""
         cand = sample["output"].get("token_ids")
         base = baseline.get("token_ids")
         if cand is None or base is None:
@@ -357,10 +369,8 @@ class Pipeline:
         with self._lock:
             self.pending.pop(sample["request_id"], None)
             pt = self.pairs.setdefault(sample["model"], PairTable(sample["model"], self.cfg.monitor))
-            if sample["deployment"]["arm"] == "baseline":
-                pt.add_aa_pair(cand, base)
-                return
-            self._emit(pt.add_pair(cand, base, sample.get("trace_id"), sample["request_id"]))
+            self._emit(pt.add_replay(sample["deployment"]["arm"], cand, base, sample.get("trace_id"),
+                                     sample["request_id"]))
 
     def add_conformance(self, sample: dict[str, Any], score: Any) -> None:
         """Callback of the conformance scorer: one T>0 sample scored under the baseline model."""
@@ -518,8 +528,8 @@ class Pipeline:
         """Drop the frozen references (and A/A estimates) so the next samples become the new baseline.
 
         For use after an intended change (new model, new template): the stream charts re-collect
-        ``reference_size`` samples and re-fit, the arm windows start empty, and the exact-match chart
-        goes back to ``aa_mismatch_rate`` until ``aa_min_pairs`` new A/A pairs exist. A reference
+        ``reference_size`` samples and re-fit, the arm windows start empty, and the exact-match test
+        forgets its pairs and gives no verdict until ``exact_match_block`` new A/A pairs exist. A reference
         loaded with ``--reference`` is not re-applied. Latched alarms of these detectors are cleared.
         """
         done: list[str] = []
@@ -653,7 +663,7 @@ class Service:
             from .replay import BaselineReplayClient, ReplayWorker
 
             self.replay = ReplayWorker(BaselineReplayClient(cfg.baseline_url), self.pipeline.add_replay_pair,
-                                       fraction=cfg.replay_fraction)
+                                       fraction=cfg.replay_fraction, server_dtype=cfg.baseline_dtype)
         self.workers = {name: w for name, w in (("conformance", self.scorer), ("replay", self.replay)) if w}
         for name, w in self.workers.items():
             w.on_failure = self.pipeline.worker_failed
@@ -883,6 +893,7 @@ class Service:
                                 lambda k: k.startswith("skipped_"), lambda k: (k.removeprefix("skipped_"),))
         if self.replay is not None:
             self._export_counts("replay", self.replay.counts, self.metrics.replay_samples, lambda k: k != "submitted")
+            self._export_counts("replay-skips", self.replay.skips, self.metrics.replay_skipped, bool, lambda k: k)
         for name, w in self.workers.items():
             self._export_counts(f"{name}-failures", w.failures, self.metrics.worker_failed, lambda k: True,
                                 lambda k, name=name: (name, *k))

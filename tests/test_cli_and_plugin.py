@@ -139,3 +139,8 @@ def test_telemetry_reports_the_validated_config():
     assert describe_decoder(ok).params == {"k": 4, "lade.window": 2, "memory_depth": 4}
     bad = SimpleNamespace(speculative_config=spec, additional_config={"lookahead": {"memory_depth": 99}})
     assert "memory_depth=99 is invalid" in describe_decoder(bad).params["invalid_config"]
+    # the serving dtype (schema 1.4 decoder.dtype), as vLLM's model config holds it: a torch dtype
+    import torch
+
+    bf16 = SimpleNamespace(speculative_config=None, model_config=SimpleNamespace(dtype=torch.bfloat16))
+    assert describe_decoder(bf16).dtype == "bfloat16" and describe_decoder(ok).dtype is None

@@ -1,13 +1,22 @@
 """T=0 paired exact match: the sharpest correctness signal for a lossless speculative decoder.
 
 At temperature 0 a lossless decoder must reproduce the baseline's token ids for the same prompt, up to
-the batch non-invariance of the kernels (vLLM #5898 and friends), so mismatches are judged against an
-A/A mismatch rate (baseline vs baseline), never against a bare 100%.  Pairs come from the baseline arm
-(same ``prompt.sha256`` and sampling params) or from replaying the prompt against ``--baseline-url``.
+the batch non-invariance of the kernels (vLLM #5898 and friends): in bf16 a few percent of greedy
+outputs differ between batch sizes with no decoder involved.  So the candidate's mismatch rate is
+never judged against 0 or against a configured rate, only against an A/A rate *measured* on the same
+kind of pairs from the baseline arm:
 
-``PairedExactMatch`` keeps a Bernoulli CUSUM on the mismatch indicator (p0 = A/A rate) and the
-first-divergence positions (early, repeated divergence points smell like a bug; late, scattered ones
-like numerics).
+* ``arm`` pairs: a candidate-arm output vs the baseline arm's output for the same prompt; A/A pairs
+  are the same prompt served twice by the baseline arm;
+* ``replay`` pairs: an output vs the ``--baseline-url`` server's answer to the replayed prompt;
+  candidate-arm samples are the test, baseline-arm samples the A/A reference.
+
+The two sources differ in batch sizes and engines, so each has its own A/A reference and test.
+
+``PairedExactMatch`` tests, per source, "candidate mismatch rate > A/A mismatch rate" with a one-sided
+Fisher exact test (the conditional binomial test given the total number of mismatches: exact for any
+common rate, no normal approximation at a few mismatches).  It also records the first-divergence
+positions (early, repeated divergence points smell like a bug; late, scattered ones like numerics).
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from .base import Result, StatefulDetector
-from .cusum import BernoulliCUSUM
+
+SOURCES = ("arm", "replay")
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -45,90 +55,124 @@ def mcnemar_test(base_pass: Sequence[bool], new_pass: Sequence[bool]):
     return TestResult("mcnemar", float((n01 - n10) / len(b)), float(p), f"n10={n10} n01={n01}")
 
 
-class PairedExactMatch(StatefulDetector):
-    """Detector for T=0 pairs; ``update`` takes a batch of (candidate_ids, baseline_ids) pairs.
+def excess_mismatch_pvalue(cand_pairs: int, cand_mism: int, aa_pairs: int, aa_mism: int) -> float:
+    """One-sided Fisher exact p-value of "candidate mismatch rate > A/A mismatch rate"."""
+    from scipy.stats import fisher_exact
 
-    The in-control mismatch rate p0 is the A/A rate: how often two runs of the *baseline* disagree
-    on one prompt (batch non-invariance of the kernels). ``aa_rate`` is the configured stand-in until
-    A/A data exists (default 0.002, a conservative floor). ``fit(reference)`` takes A/A pairs
-    directly, and ``learn_aa(pairs, mismatches)`` re-tunes p0 from A/A counts gathered live. In both
-    cases p0 is the one-sided 90% upper Jeffreys bound, as in ``BernoulliCUSUM.fit``, because an
-    underestimated p0 means false alarms. ``aa_source_`` says which rate is in use and from how
-    many pairs, and each ``Result`` carries it into the alarm detail.
+    table = [[cand_mism, cand_pairs - cand_mism], [aa_mism, aa_pairs - aa_mism]]
+    return float(fisher_exact(table, alternative="greater").pvalue)
+
+
+def _fresh_source() -> dict[str, Any]:
+    return {"pairs": 0, "mismatches": 0, "block_pairs": 0, "block_mismatches": 0, "aa_pairs": 0,
+            "aa_mismatches": 0, "looks": 0, "pvalue": 1.0}
+
+
+class PairedExactMatch(StatefulDetector):
+    """Two-sample T=0 test per pair source: candidate mismatch rate vs the measured A/A rate.
+
+    Why two-sample: a configured A/A rate is a guess, and under bf16 a wrong guess turns batch
+    variance into a rollback order for an exact decoder.  Measured on the baseline arm, the reference
+    moves with dtype, kernels and batch sizes.
+
+    Looks and the false-alarm rate: each source's candidate pairs are cut into consecutive blocks of
+    ``block`` pairs; when a block is full and the source has at least ``block`` A/A pairs, the
+    block's mismatches are tested against all A/A pairs so far (one-sided Fisher), at
+    alpha = block / ert / 2 (half per source).  By the union bound over looks, an exact decoder
+    (equal rates in both arms) raises ``exact_match`` at most once per ``ert`` candidate pairs on
+    average -- the same expected-run-time budget as every chart of the sidecar.  Before a source has
+    ``block`` A/A pairs there is no verdict at all (its candidate pairs still count, as blocks
+    that were not tested).  Blocks, not cumulative counts: a decoder that breaks after a million
+    good pairs is found within a block or two, not diluted by them.  ``acknowledge`` drops the
+    current block and keeps the A/A counts (the reference did not change).
     """
 
-    STATE = ("chart", "pairs_", "matches_", "positions_", "aa_source_")
+    STATE = ("sources_", "pairs_", "matches_", "positions_", "alarm_", "alarm_source_")
+    STATE_VERSION = 2
 
-    def __init__(self, ert: float, delta: float = 0.01, aa_rate: float | None = None,
-                 restart_after_alarm: bool = False):
-        self.chart = BernoulliCUSUM("exact_match", ert, delta=delta, p_floor=0.002,
-                                    restart_after_alarm=restart_after_alarm)
-        self.aa_rate = aa_rate
+    def __init__(self, ert: float, block: int = 400):
+        if ert <= block or block < 1:
+            raise ValueError("PairedExactMatch needs ert > block >= 1")
+        self.ert, self.block = ert, block
+        self.alpha = block / ert / len(SOURCES)
+        self.fit()
 
-    def fit(self, reference: Sequence[tuple[Sequence[int], Sequence[int]]] = ()) -> PairedExactMatch:
-        ref = [first_divergence(a, b) is not None for a, b in reference]
-        if ref:
-            self.chart.fit(ref)
-            self.aa_source_ = {"source": "A/A reference pairs", "pairs": len(ref), "mismatches": int(sum(ref)),
-                               "rate": self.chart.p0_}
-        else:
-            rate = self.aa_rate if self.aa_rate is not None else 0.002
-            self.chart._set_p0(rate)
-            self.aa_source_ = {"source": "configured aa_mismatch_rate", "pairs": 0, "mismatches": 0,
-                               "rate": self.chart.p0_}
+    def fit(self) -> PairedExactMatch:
+        """Forget everything: no A/A pairs, no candidate pairs, no alarm."""
+        self.sources_ = {s: _fresh_source() for s in SOURCES}
         self.pairs_, self.matches_ = 0, 0
         self.positions_: Counter = Counter()
+        self.alarm_, self.alarm_source_ = False, None
         return self
-
-    def learn_aa(self, pairs: int, mismatches: int, source: str = "learned from A/A pairs") -> None:
-        """Re-tune p0 to the 90% upper Jeffreys bound of ``mismatches / pairs`` (A/A counts).
-
-        The running CUSUM sum and a latched alarm are kept: the new rate changes how future pairs
-        count, not the evidence already seen."""
-        from scipy.stats import beta
-
-        if pairs <= 0:
-            raise ValueError("learn_aa needs at least one A/A pair")
-        self.chart._set_p0(float(beta.ppf(0.9, mismatches + 0.5, pairs - mismatches + 0.5)), keep_statistic=True)
-        self.aa_source_ = {"source": source, "pairs": int(pairs), "mismatches": int(mismatches),
-                           "rate": self.chart.p0_}
 
     @property
     def exact_match_rate(self) -> float:
         return self.matches_ / self.pairs_ if self.pairs_ else 1.0
 
-    def reset(self) -> None:
-        self.chart.reset()
+    def add_aa(self, mismatches: Sequence[bool], source: str) -> None:
+        """Count A/A pairs (baseline vs baseline) of one source: the measured reference."""
+        st = self.sources_[source]
+        st["aa_pairs"] += len(mismatches)
+        st["aa_mismatches"] += int(sum(mismatches))
 
-    def acknowledge(self) -> None:
-        self.chart.acknowledge()
+    def reset(self) -> None:
+        """Clear the alarm and drop the current blocks; the A/A reference stays."""
+        for st in self.sources_.values():
+            st.update(block_pairs=0, block_mismatches=0)
+        self.alarm_, self.alarm_source_ = False, None
 
     def _encode_state(self, name: str, value: Any) -> Any:
-        if name == "positions_":
-            return sorted(value.items())
-        return value
+        return sorted(value.items()) if name == "positions_" else value
 
     def _decode_state(self, name: str, value: Any) -> Any:
-        if name == "chart":
-            self.chart.set_state(value)
-            return self.chart
-        if name == "positions_":
-            return Counter({int(k): int(v) for k, v in value})
-        return value
+        return Counter({int(k): int(v) for k, v in value}) if name == "positions_" else value
 
-    def update(self, batch: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Result:
-        mism = []
+    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 1 was a CUSUM against a configured or learned p0: its sums mean nothing to the
+        two-sample test, so only the divergence positions carry over; pairs are gathered anew."""
+        old = st.get("state", {})
+        new = self.fit().get_state()
+        new["state"]["positions_"] = old.get("positions_", [])
+        return new
+
+    def _look(self, st: dict[str, Any]) -> bool:
+        """Test the source's block once it is full and the A/A reference is big enough."""
+        if st["block_pairs"] < self.block or st["aa_pairs"] < self.block:
+            return False
+        st["pvalue"] = excess_mismatch_pvalue(st["block_pairs"], st["block_mismatches"], st["aa_pairs"],
+                                              st["aa_mismatches"])
+        st["looks"] += 1
+        st["block_pairs"] = st["block_mismatches"] = 0
+        return st["pvalue"] < self.alpha
+
+    def update(self, batch: Sequence[tuple[Sequence[int], Sequence[int]]], source: str = "arm") -> Result:
+        """Score candidate pairs (candidate_ids, baseline_ids) of one source; a Result per call.
+
+        ``statistic`` is -log10 of the source's latest p-value and ``threshold`` -log10 alpha, so
+        statistic > threshold is an alarm as for the charts."""
+        st, fired = self.sources_[source], False
         for cand, base in batch:
             pos = first_divergence(cand, base)
-            mism.append(pos is not None)
-            if pos is not None:
+            st["pairs"] += 1
+            st["block_pairs"] += 1
+            if pos is None:
+                self.matches_ += 1
+            else:
+                st["mismatches"] += 1
+                st["block_mismatches"] += 1
                 self.positions_[pos] += 1
-        self.pairs_ += len(mism)
-        self.matches_ += len(mism) - sum(mism)
-        r = self.chart.update(mism)
-        src = self.aa_source_
-        r.extra.update(exact_match_rate=self.exact_match_rate, aa_rate=self.chart.p0_,
-                       aa_rate_source=f"{src['source']} ({src['mismatches']} mismatches in {src['pairs']} pairs)"
-                       if src["pairs"] else src["source"], aa_pairs=src["pairs"],
-                       top_divergence_positions=self.positions_.most_common(3))
-        return r
+            fired |= self._look(st)
+        self.pairs_ += len(batch)
+        new = fired and not self.alarm_
+        if new:
+            self.alarm_, self.alarm_source_ = True, source
+        aa_rate = st["aa_mismatches"] / st["aa_pairs"] if st["aa_pairs"] else float("nan")
+        return Result("exact_match", float(-np.log10(max(st["pvalue"], 1e-300))), float(-np.log10(self.alpha)),
+                      self.alarm_, alarm_new=new, pvalue=st["pvalue"], n=st["pairs"],
+                      extra={"source": source, "exact_match_rate": self.exact_match_rate,
+                             "mismatch_rate": st["mismatches"] / st["pairs"] if st["pairs"] else 0.0,
+                             "aa_rate": aa_rate, "aa_pairs": st["aa_pairs"], "aa_mismatches": st["aa_mismatches"],
+                             "looks": st["looks"], "verdict": "tested" if st["looks"] else "pending",
+                             "aa_rate_source": f"measured: {st['aa_mismatches']} mismatches in {st['aa_pairs']} "
+                                               f"baseline-arm {source} pairs",
+                             "top_divergence_positions": self.positions_.most_common(3)})

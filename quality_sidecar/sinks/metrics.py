@@ -100,7 +100,12 @@ class Metrics:
                                   ["model", "arm", "reason"], registry=r)
         self.replay_samples = Counter("quality_sidecar_replay_samples",
                                       "Greedy samples re-asked of the baseline server for T=0 exact match, by outcome "
-                                      "(done, failed, retries, skipped_no_prompt)", ["outcome"], registry=r)
+                                      "(done, failed, retries, skipped_no_prompt, skipped_dtype_mismatch)",
+                                      ["outcome"], registry=r)
+        self.replay_skipped = Counter("quality_sidecar_replay_skipped_samples",
+                                      "Greedy samples not replayed, by reason: dtype_mismatch (served at another "
+                                      "dtype than the baseline server's --baseline-dtype), no_prompt",
+                                      ["model", "arm", "reason"], registry=r)
         self.conformance_logprob = Gauge("quality_sidecar_conformance_mean_token_logprob_nats",
                                          "Mean token log-prob of scored T>0 outputs under the baseline model",
                                          ["model", "arm"], registry=r)

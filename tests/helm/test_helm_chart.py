@@ -467,6 +467,10 @@ def test_sidecar_accepts_rendered_args_and_config(render, tmp_path, monkeypatch)
     assert cfg.baseline_url == f"http://{RELEASE}-vllm-lookahead-baseline:8000"
     assert cfg.webhook_url == "https://hooks.example/abc"
     assert cfg.replay_fraction == 0.25 and cfg.monitor.window == 500 and cfg.progress is False
+    assert cfg.baseline_dtype is None  # model.dtype auto: vLLM picks it, the chart cannot state it
+    bf16 = render(ci_file("everything-on"), "--set", "model.dtype=bfloat16")
+    bf16_args = component(bf16, "Deployment", "quality-sidecar")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--baseline-dtype=bfloat16" in bf16_args
 
 
 def test_sidecar_hardening_survives_null_overrides(render) -> None:

@@ -101,17 +101,18 @@ def test_holm_and_mcnemar():
     assert mcnemar_test(base, base).pvalue == 1.0
 
 
-def test_paired_exact_match_against_aa_rate():
+def test_paired_exact_match_divergence_positions_against_the_measured_aa_rate():
     rng = np.random.default_rng(6)
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
     assert first_divergence([1, 2], [1, 2, 3]) == 2
-    det = PairedExactMatch(ert=1e6, aa_rate=0.002).fit()
+    det = PairedExactMatch(ert=1e6, block=200)
     ids = [list(rng.integers(0, 4096, 50)) for _ in range(3000)]
-    r = det.update([(x, x) for x in ids])
-    assert not r.alarm and det.exact_match_rate == 1.0
+    r = det.update([(x, x) for x in ids], "replay")
+    assert not r.alarm and r.extra["verdict"] == "pending"  # no A/A pairs yet: no verdict at all
+    det.add_aa([False] * 1000, "replay")
     corrupt = [(x[:10] + [x[10] + 1] + x[11:], x) if rng.random() < 0.03 else (x, x) for x in ids]
-    r = det.update(corrupt)
+    r = det.update(corrupt, "replay")
     assert r.alarm and r.extra["top_divergence_positions"][0][0] == 10
 
 

@@ -65,21 +65,23 @@ def test_replay_pairs_greedy_outputs_and_flags_a_broken_candidate(baseline_serve
     assert got["token_ids"] == s["output"]["token_ids"]
     assert _Baseline.requests[-1]["temperature"] == 0.0 and _Baseline.requests[-1]["return_token_ids"] is True
 
-    pipe = Pipeline(ServiceConfig.from_dict({"monitor": {"reference_size": 200}}))
+    pipe = Pipeline(ServiceConfig.from_dict({"monitor": {"reference_size": 200, "exact_match_block": 50}}))
     worker = ReplayWorker(client, pipe.add_replay_pair, fraction=1.0)
     try:
-        samples = SampleStream(seed=2, greedy_fraction=1.0).take(60)
+        # baseline-arm replays are the measured A/A reference; candidate replays the test
+        samples = [*SampleStream(seed=4, arm="baseline", greedy_fraction=1.0).take(60),
+                   *SampleStream(seed=2, greedy_fraction=1.0).take(60)]
         for x in samples:
             worker.submit(x)
         deadline = time.time() + 30
-        while worker.counts["done"] < 60 and time.time() < deadline:
+        while worker.counts["done"] < 120 and time.time() < deadline:
             time.sleep(0.05)
-        assert worker.counts["done"] == 60 and pipe.pairs["demo-code-4l"].detector.exact_match_rate == 1.0
+        assert worker.counts["done"] == 120 and pipe.pairs["demo-code-4l"].detector.exact_match_rate == 1.0
         assert not pipe.alarm_log
         _Baseline.corrupt = True  # the baseline now disagrees on every token: a broken decoder
         for x in SampleStream(seed=3, greedy_fraction=1.0).take(60):
             worker.submit(x)
-        while worker.counts["done"] < 120 and time.time() < deadline + 30:
+        while worker.counts["done"] < 180 and time.time() < deadline + 30:
             time.sleep(0.05)
     finally:
         worker.close()

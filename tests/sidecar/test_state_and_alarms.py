@@ -30,7 +30,7 @@ from .conftest import FAST_MONITOR, write_jsonl
 
 pytestmark = pytest.mark.unit
 
-MON = {**FAST_MONITOR, "aa_min_pairs": 50, "pair_state_entries": 100_000}
+MON = {**FAST_MONITOR, "exact_match_block": 50, "pair_state_entries": 100_000}
 
 
 def _strict_json(obj):
@@ -44,20 +44,20 @@ def test_every_detector_round_trips_its_declared_state():
     b.update(rng.random(3000) < 0.2)  # fires
     g = GaussianCUSUM("len", 1e5, "up", 0.5).fit(rng.normal(0, 1, 500))
     g.update(rng.normal(0.3, 1, 200))
-    pe = PairedExactMatch(1e5, aa_rate=0.002).fit()
-    pe.learn_aa(400, 3)
-    pe.update([([1, 2, 3], [1, 2, 4])] * 5 + [([1], [1])] * 10)
+    pe = PairedExactMatch(1e5, block=10)
+    pe.add_aa([False] * 397 + [True] * 3, "replay")
+    pe.update([([1, 2, 3], [1, 2, 4])] * 5 + [([1], [1])] * 10, "replay")
     w = WindowedTwoSample("length", length_test, ert=1e4, window=100).fit(list(rng.integers(0, 32, 200)))
     w.update(list(rng.integers(10, 32, 250)))
     fresh = [BernoulliCUSUM("r", 1e5, delta=0.05), GaussianCUSUM("len", 1e5, "up", 0.5),
-             PairedExactMatch(1e5, aa_rate=0.002).fit(), WindowedTwoSample("length", length_test, 1e4, 100)]
+             PairedExactMatch(1e5, block=10), WindowedTwoSample("length", length_test, 1e4, 100)]
     for det, new in zip([b, g, pe, w], fresh):
         st = _strict_json(det.get_state())
-        assert st["type"] == type(det).__name__ and st["version"] == 1
+        assert st["type"] == type(det).__name__ and st["version"] == type(det).STATE_VERSION
         new.set_state(st)
         assert _strict_json(new.get_state()) == st
     assert b.alarm_ and fresh[0].alarm_ and fresh[0].threshold_ == b.threshold_
-    assert fresh[2].aa_source_["pairs"] == 400 and fresh[2].chart.p0_ == pe.chart.p0_
+    assert fresh[2].sources_["replay"]["aa_pairs"] == 400 and fresh[2].alarm_ == pe.alarm_ is True
     with pytest.raises(ValueError, match="newer"):
         fresh[0].set_state({**b.get_state(), "version": 99})
     # a state file written before the protocol (version 0) still loads
@@ -98,9 +98,9 @@ def test_restart_keeps_every_detector_and_ack_is_neither_forgotten_nor_latched()
     # one of each kind: a stream chart, a two-sample test and the T=0 chart
     assert {("truncated", "candidate"), ("twosample_truncated", "candidate"), ("exact_match", "candidate")} <= active
     pt = pipe.pairs["demo-code-4l"]
-    assert pt.aa_pairs >= 50 and pt.detector.aa_source_["source"] == "learned from A/A pairs"
+    assert pt.detector.sources_["arm"]["aa_pairs"] >= 50
     em = next(e for e in pipe.alarm_log if e["detector"] == "exact_match")
-    assert "learned from A/A pairs" in em["detail"]["aa_rate_source"] and em["detail"]["aa_pairs"] >= 50
+    assert "measured" in em["detail"]["aa_rate_source"] and em["detail"]["aa_pairs"] >= 50
 
     st = _strict_json(pipe.get_state())
     assert set(st) >= {"streams", "compare", "pairs", "conformance", "control"}
@@ -135,21 +135,18 @@ def test_restart_keeps_every_detector_and_ack_is_neither_forgotten_nor_latched()
     assert len(small.get_state()["pairs"]["demo-code-4l"]["state"]["table"]) == 7
 
 
-def test_aa_rate_learned_from_replayed_baseline_pairs_and_reset_by_rebaseline():
+def test_replayed_baseline_pairs_are_the_measured_reference_and_rebaseline_forgets_them():
     pipe = Pipeline(ServiceConfig.from_dict({"monitor": MON}))
     s = SampleStream(seed=5, arm="baseline", greedy_fraction=1.0).take(100)
     for i, x in enumerate(s):  # replay answers of the baseline server: 5 of 100 differ (batch non-invariance)
         ids = x["output"]["token_ids"]
         pipe.add_replay_pair(x, {"token_ids": ids if i % 20 else [ids[0] + 1, *ids[1:]]})
     pt = pipe.pairs["demo-code-4l"]
-    assert pt.aa_pairs == 100 and pt.aa_mismatches == 5
-    # learned at aa_min_pairs = 50, re-learned when the count doubled
-    assert pt.detector.aa_source_ == {"source": "learned from A/A pairs", "pairs": 100, "mismatches": 5,
-                                      "rate": pt.detector.chart.p0_}
-    assert pt.detector.chart.p0_ > 5 / 100  # a 90% upper bound, not the point estimate
+    replay = pt.detector.sources_["replay"]
+    assert (replay["aa_pairs"], replay["aa_mismatches"], replay["pairs"]) == (100, 5, 0)
+    assert pt.detector.sources_["arm"]["aa_pairs"] == 0  # the two references are kept apart
     assert pipe.rebaseline(by="test") == ["exact_match demo-code-4l"]
-    assert pt.aa_pairs == 0 and pt.detector.aa_source_["source"] == "configured aa_mismatch_rate"
-    assert pt.detector.chart.p0_ == pytest.approx(0.002)
+    assert pt.detector.sources_["replay"]["aa_pairs"] == 0
 
 
 def _post(url: str, headers: dict | None = None) -> tuple[int, dict]:

@@ -49,4 +49,5 @@ if __name__ == "__main__":
     Path(out_path).write_text(json.dumps({
         "trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}", "id_prefix": prefix,
         "outputs": choices, "stats": telemetry.stats.snapshot(),
+        "dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."),
     }))

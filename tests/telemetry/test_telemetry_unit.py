@@ -12,7 +12,7 @@ from telemetry_support import Spec, make_request
 from quality_sidecar.schema import validate_sample, validation_errors
 from vllm_lookahead.telemetry.config import TelemetryConfig, parse_sink
 from vllm_lookahead.telemetry.frontend import install_if_configured, is_frontend_process
-from vllm_lookahead.telemetry.record import build_sample, prompt_sha256, spec_summary
+from vllm_lookahead.telemetry.record import Decoder, build_sample, prompt_sha256, spec_summary
 from vllm_lookahead.telemetry.sampler import Sampler, sample_fraction, should_sample
 from vllm_lookahead.telemetry.sinks import FileSink, Sink
 
@@ -76,6 +76,11 @@ def test_sample_validates_and_carries_what_the_sidecar_needs():
     assert sample["trace_id"] == f"{0x1234:032x}" and sample["span_id"] == f"{0x99:016x}"
     assert sample["deployment"] == {"arm": "candidate", "release": "r7", "instance": "pod-1"}
     assert sample["decoder"]["params"] == {"k": 4, "window": 5, "ngram": 3, "pool_size": 8}
+    assert sample["decoder"]["dtype"] is None  # unknown here; 1.4 fills it from the engine's model config
+    bf16 = build_sample(make_request(decoder=Decoder("lookahead", {"k": 4}, dtype="bfloat16")), arm="candidate",
+                        release=None, instance=None, redact_prompts=False)
+    validate_sample(bf16)
+    assert bf16["decoder"]["dtype"] == "bfloat16"
     assert sample["prompt"]["text"] == "def add(a, b):" and sample["prompt_token_ids"] == [1, 2, 3]
     assert sample["output"]["token_ids"] == [4, 5, 6, 7] and sample["output"]["finish_reason"] == "stop"
     t = sample["time"]
@@ -94,7 +99,7 @@ def test_schema_1_1_fields_and_1_0_samples_stay_valid():
     req = make_request("llm-00ff-3#1", stop_reason="\n", engine_request_id="3#1", choice_index=1)
     s = build_sample(req, arm="baseline", release=None, instance=None, redact_prompts=False)
     validate_sample(s)
-    assert s["schema_version"] == "1.3" and s["vllm_request_id"] == "3#1"
+    assert s["schema_version"] == "1.4" and s["vllm_request_id"] == "3#1"
     assert s["output"]["stop_reason"] == "\n" and s["output"]["index"] == 1
     assert req.decision_id == "3#1"
     s = build_sample(make_request(stop_reason=2), arm="baseline", release=None, instance=None,

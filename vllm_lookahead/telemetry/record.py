@@ -24,6 +24,7 @@ class Decoder:
     params: dict[str, Any] = field(default_factory=dict)
     plugin_version: str | None = None
     vllm_version: str | None = None
+    dtype: str | None = None  # the model's compute dtype (schema 1.4 decoder.dtype)
 
 
 @dataclass(slots=True)
@@ -182,6 +183,7 @@ def build_sample(req: FinishedRequest, *, arm: str, release: str | None, instanc
             "params": _scalar_params(req.decoder.params),
             "plugin_version": req.decoder.plugin_version,
             "vllm_version": req.decoder.vllm_version,
+            "dtype": req.decoder.dtype,
         },
         "sampling": dict(req.sampling),
         "prompt": {

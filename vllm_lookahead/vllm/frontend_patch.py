@@ -120,15 +120,23 @@ def lookahead_params(vllm_config: Any) -> dict[str, Any]:
         return {"invalid_config": str(e)}
 
 
+def serving_dtype(vllm_config: Any) -> str | None:
+    """The model's compute dtype ("bfloat16", "float32", ...), read once per engine from its model
+    config: the sidecar refuses to compare greedy outputs across dtypes (bf16 rounds differently)."""
+    dtype = getattr(getattr(vllm_config, "model_config", None), "dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 def describe_decoder(vllm_config: Any) -> Decoder:
-    """``method`` and ``params`` as reported in telemetry (docs/CONTRACTS.md)."""
+    """``method``, ``params`` and the serving dtype as reported in telemetry (docs/CONTRACTS.md)."""
     from vllm import __version__ as vllm_version
 
     from vllm_lookahead import __version__ as plugin_version
 
+    dtype = serving_dtype(vllm_config)
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is None:
-        return Decoder("none", {}, plugin_version, vllm_version)
+        return Decoder("none", {}, plugin_version, vllm_version, dtype)
     method = str(getattr(spec, "method", None) or "unknown")
     k = int(getattr(spec, "num_speculative_tokens", 0) or 0)
     params: dict[str, Any] = {"k": k}
@@ -138,7 +146,7 @@ def describe_decoder(vllm_config: Any) -> Decoder:
     elif method == "ngram":
         params["prompt_lookup_min"] = getattr(spec, "prompt_lookup_min", None)
         params["prompt_lookup_max"] = getattr(spec, "prompt_lookup_max", None)
-    return Decoder(method, params, plugin_version, vllm_version)
+    return Decoder(method, params, plugin_version, vllm_version, dtype)
 
 
 def engine_info(vllm_config: Any, id_prefix: str = "") -> EngineInfo:
