@@ -166,7 +166,7 @@ def _duplicates(run: RunResult) -> dict[str, list[float]]:
 
 
 def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, pol: dict[str, Any],
-             method: str, names: list[str]) -> dict[str, Any]:
+             method: str, names: list[str], dtype: str | None = None) -> dict[str, Any]:
     """T>0 comparison: surface features (length, stop/pass/flag rates) plus the likelihood tests
     (excess log-prob and PIT of the candidate's samples, likelihood shift candidate - baseline), all
     adjusted together."""
@@ -215,6 +215,11 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
         tests["pit_candidate_ad"] = pit_c.pvalue
         tests["excess_candidate_z"] = ex_c.pvalue
         tests["likelihood_shift"] = sh.pvalue
+        floor = pol.get("impossible_floor_per_token")
+        if floor is None:
+            floor = stats.IMPOSSIBLE_FLOOR_PER_TOKEN.get(dtype or "", max(stats.IMPOSSIBLE_FLOOR_PER_TOKEN.values()))
+        tests["impossible_tokens"] = stats.impossible_tokens_p(cc["out_of_support"], cc["n_tokens"],
+                                                               bc["out_of_support"], bc["n_tokens"], floor)
         # a verifier wrong only deep in a draft: the excess of the tokens at draft position >= 2 alone
         # (a token's draft position is fixed before it is drawn, so under exact sampling the selected
         # scores keep mean 0); only for a speculative candidate with such tokens
@@ -237,7 +242,8 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
             "excess_candidate": {"nats_per_token": ex_c.statistic, "p_value": ex_c.pvalue, "detail": ex_c.detail},
             "excess_baseline_control": {"nats_per_token": ex_b.statistic, "p_value": ex_b.pvalue,
                                         "detail": ex_b.detail},
-            "out_of_support": {"baseline": bc["out_of_support"], "candidate": cc["out_of_support"]},
+            "out_of_support": {"baseline": bc["out_of_support"], "candidate": cc["out_of_support"],
+                               "floor_per_token": floor},
             "out_of_support_reasons": {"baseline": bc["out_of_support_reasons"],
                                        "candidate": cc["out_of_support_reasons"]},
             "profiles": {"baseline": bc["profiles"], "candidate": cc["profiles"]},
@@ -251,15 +257,10 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
 
 
 def sampled_passes(sampled: dict[str, Any], alpha: float) -> tuple[float, bool]:
-    """(smallest adjusted p, pass?) of the ``sampled`` criterion: every adjusted p >= alpha, the samples
-    were scored, and the candidate has no more out-of-support tokens than the baseline arm (under
-    plain sampling any is impossible)."""
+    """(smallest adjusted p, pass?) of the ``sampled`` criterion: every adjusted p >= alpha (impossible
+    tokens included, ``stats.impossible_tokens_p``) and the samples were scored."""
     minp = min(sampled["p_adjusted"].values())
-    conf = sampled["conformance"]
-    if not conf["scored"]:
-        return minp, False
-    oos = conf["out_of_support"]
-    return minp, minp >= alpha and oos["candidate"] <= oos["baseline"]
+    return minp, bool(sampled["conformance"]["scored"]) and minp >= alpha
 
 
 def crashed_verdict(crash: dict[str, Any], n_items: int) -> dict[str, Any]:
@@ -273,8 +274,9 @@ def crashed_verdict(crash: dict[str, Any], n_items: int) -> dict[str, Any]:
 
 
 def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[str, Any],
-            classifiers: list[Any], latency_ids: list[str]) -> dict[str, Any]:
-    """All measurements, every criterion with value / threshold / pass, and the verdict."""
+            classifiers: list[Any], latency_ids: list[str], dtype: str | None = None) -> dict[str, Any]:
+    """All measurements, every criterion with value / threshold / pass, and the verdict (``dtype``: the
+    arms' engine dtype, None when unknown as in endpoint mode: it sets the impossible-token floor)."""
     alpha = policy["alpha"]
     method = policy["multiple_testing"]
     boot = policy["bootstrap"]
@@ -330,7 +332,7 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
     sampled = None
     if base.sampled is not None and cand.sampled is not None:
         sampled = _sampled(_score(by_id, base.sampled, classifiers), _score(by_id, cand.sampled, classifiers),
-                           base.sampled, cand.sampled, crit_pol["sampled"], method, names)
+                           base.sampled, cand.sampled, crit_pol["sampled"], method, names, dtype)
 
     lat_b = latency_summary(base.greedy, base.sequential, latency_ids)
     lat_c = latency_summary(cand.greedy, cand.sequential, latency_ids)

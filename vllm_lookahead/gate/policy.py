@@ -22,7 +22,8 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "pass_rate_per_task": {"max_drop": (int, float), "required": bool, "ni_margin": MARGIN},
     "exact_match": {"max_excess_mismatch": (int, float), "required": bool},
     "behaviour": {"max_increase": (int, float), "classifiers": list, "required": bool, "ni_margin": MARGIN},
-    "sampled": {"required": bool, "samples_per_item": int, "profiles": list, "alpha": (int, float)},
+    "sampled": {"required": bool, "samples_per_item": int, "profiles": list, "alpha": (int, float),
+                "impossible_floor_per_token": MARGIN},
     "latency": {"required": bool, "min_speedup": (int, float)},
     "acceptance_length": {"required": bool, "min_mean_length": (int, float)},
 }

@@ -212,7 +212,8 @@ def evaluate(inp: GateInputs, base: ArmRuns, cand: ArmRuns, classifiers: list[An
     """Analyse two finished arms and (optionally) write the report (``override``: a result already
     analysed, e.g. by the sequential loop, to report as it is)."""
     result = override if override is not None else analyse(
-        inp.items, base, cand, inp.policy, classifiers, [it.id for it in latency_items(inp)])
+        inp.items, base, cand, inp.policy, classifiers, [it.id for it in latency_items(inp)],
+        dtype=inp.dtype if inp.endpoints is None else None)
     result["meta"] = _meta(inp, base, cand, wall_s)
     paths = write_report(result, _runs_json(base, cand), report_dir) if report_dir is not None else {}
     return result, paths

@@ -105,8 +105,6 @@ def decided_fail(result: dict[str, Any], a: float, a_sampled: float) -> list[str
     if "behaviour" in req and any(r["p_adjusted"] < a and r["delta"] > 0 for r in result["behaviour"]):
         out.append("behaviour")
     sm = result.get("sampled")
-    if "sampled" in req and sm and sm["conformance"]["scored"]:
-        oos = sm["conformance"]["out_of_support"]
-        if min(sm["p_adjusted"].values()) < a_sampled or oos["candidate"] > oos["baseline"]:
-            out.append("sampled")
+    if "sampled" in req and sm and sm["conformance"]["scored"] and min(sm["p_adjusted"].values()) < a_sampled:
+        out.append("sampled")  # impossible tokens are one of the p-values
     return out

@@ -112,6 +112,27 @@ def fisher_greater_p(k1: int, n1: int, k2: int, n2: int) -> float:
     return float(stats.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]], alternative="greater").pvalue)
 
 
+# Impossible tokens (outside the request's top-p / top-k / min-p cut or the vocabulary) an exact decoder
+# may still show per scored token: boundary flips between the serving engine and the scorer.  fp32: 0 in
+# ~200k tokens measured (benchmarks/results/impossible_tokens.json); bf16 rounds top-p boundaries
+# differently per batch shape, so its floor is 50x higher.  Unknown dtype (endpoint mode): the larger.
+IMPOSSIBLE_FLOOR_PER_TOKEN = {"float32": 1e-6, "bfloat16": 5e-5, "float16": 5e-5}
+
+
+def impossible_tokens_p(k_cand: int, n_cand: int, k_base: int, n_base: int, floor_per_token: float) -> float:
+    """One-sided p of "the candidate draws impossible tokens more often than the baseline arm AND more
+    often than ``floor_per_token``": the larger of the conditional binomial test against the baseline arm
+    (given k_cand + k_base impossible tokens, each falls in the candidate's tokens with probability
+    n_cand / (n_cand + n_base) under equal rates) and the Poisson test of k_cand against the floor.  An
+    intersection-union test: valid at the level of each, so it can sit in the Holm family like any p."""
+    if k_cand == 0 or n_cand == 0:
+        return 1.0
+    share = n_cand / (n_cand + n_base) if n_base else 1.0
+    p_arm = float(stats.binom.sf(k_cand - 1, k_cand + k_base, share))
+    p_floor = float(stats.poisson.sf(k_cand - 1, floor_per_token * n_cand))
+    return max(p_arm, p_floor)
+
+
 def fisher_two_sided_p(k1: int, n1: int, k2: int, n2: int) -> float:
     if n1 == 0 or n2 == 0:
         return 1.0
