@@ -1,7 +1,7 @@
 """Lookahead configuration: one validated dataclass, built from a dict (``additional_config["lookahead"]``
 or the ``VLLM_LOOKAHEAD_CONFIG`` JSON environment variable).  Bad values raise ``LookaheadConfigError``
-naming the key, the value and the allowed range, so a typo fails at engine start, not mid-request; a key
-that was removed says so and names what replaced it (``REMOVED``).
+naming the key, the value and the allowed range, so a typo fails at engine start, not mid-request; an
+unknown key (a typo, or a key of an unreleased draft of this config) fails listing the known ones.
 
 The settings of the experimental 2D layout live in a nested section, ``{"layout": "2d", "lade": {...}}``
 (``LadeConfig``)."""
@@ -44,32 +44,6 @@ ALIASES: dict[str, str] = {"W": "window", "N": "ngram", "G": "candidates"}
 every place they are accepted: the ``lade`` section of this config, the ``lookahead2d`` SPEC string and
 a request's ``extra_args["lookahead"]``."""
 NOTES = {"ngram": " (N=2 leaves no lookahead level)", "chain_max_draft": " (0 = k)"}
-
-_POLICIES = "removed with the 'ema' and 'cost' policies: the chain policy is the only one"
-_LADE_POOL = ("removed: the chain drafts from the context match and the output memory only (LADE's n-gram "
-              "pool and Jacobi iterate were inert by default)")
-REMOVED: dict[str, str] = {
-    "policy": _POLICIES + "; drop the key",
-    **{k: _POLICIES + "; chain_min_p / chain_busy_min_p set the drafting floor"
-       for k in ("ema_decay", "min_acceptance", "free_draft_batch_size", "probe_interval", "busy_min_acceptance",
-                 "confident_fallback", "cost_margin")},
-    "confident_match": _POLICIES + "; for the 2D layout's context candidate use lade.context_min_match",
-    "chain_strict_min_p": "removed: the busy-batch guard chooses between drafting and no drafts; raise "
-                          "chain_busy_min_p for surer drafts",
-    **{k: _LADE_POOL for k in ("ngram", "pool_size", "max_pool_keys", "shared_pool_keys", "seed_from_prompt",
-                               "window", "pool_max_batch")},
-    "lade_shared_candidates": "removed with the engine-wide n-gram pool it read",
-    "guard_max_retry_steps": "removed: the busy-batch guard backs off from a losing mode up to 512 steps "
-                             "(core/drafter.py GUARD_MAX_RETRY_STEPS); drop the key",
-    "max_dormant_requests": "removed: drafting state of up to 256 preempted requests is kept "
-                            "(core/drafter.py MAX_DORMANT_REQUESTS); drop the key",
-    **{f"lade_{k}": f'moved into the 2D layout\'s section: {{"layout": "2d", "lade": {{"{k}": ...}}}}'
-       for k in ("window", "ngram", "candidates", "max_batch", "context_candidate", "policy", "seed")},
-    "chain_max_draft": 'moved into the 2D layout\'s section: {"layout": "2d", "lade": {"chain_max_draft": ...}}',
-    **{a: f'moved into the 2D layout\'s section: {{"layout": "2d", "lade": {{"{a}": ...}}}}' for a in ALIASES},
-}
-"""Keys that were removed or moved: key -> what to do instead (``from_dict`` raises with it)."""
-
 
 def _field_type(f: dataclasses.Field) -> tuple[str, bool]:
     """A config field's type as (base type name, whether None is allowed): ``"float | None"`` ->
@@ -260,9 +234,6 @@ class LookaheadConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> LookaheadConfig:
         raw = dict(raw or {})
-        gone = sorted(k for k in raw if k in REMOVED)
-        if gone:
-            raise LookaheadConfigError("lookahead config: " + "; ".join(f"{k!r} {REMOVED[k]}" for k in gone))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
