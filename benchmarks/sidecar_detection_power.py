@@ -6,8 +6,8 @@
 Streams are synthetic (quality_sidecar/synth.py says how they are generated).  Sections:
 1. samples to detection, per injected regression (refusal +2 pp, 3% truncated, one corrupted token in
    2% of greedy outputs, acceptance x0.8, lengths x1.25): a 2,000-sample clean reference per arm,
-   then the regression on the candidate arm; greedy candidate outputs are paired with the baseline's
-   output for the same prompt (what --baseline-url replay provides).  Clean arms run side by side
+   then the regression on the candidate arm; greedy outputs of both arms are paired with the baseline's
+   output for the same prompt (what --baseline-url replay provides; baseline-arm pairs are the A/A reference).  Clean arms run side by side
    with the same seeds as the baseline of the comparison.
 2. false alarms per 100k clean samples: (a) the full pipeline on clean baseline+candidate streams;
    (b) every CUSUM chart on feature streams drawn from the same generative model, fitted on fresh
@@ -49,16 +49,15 @@ def detection_trial(reg: str | None, seed: int, max_after: int, batch: int = 50)
     base = SampleStream(seed=seed * 2 + 1, arm="baseline")
     cand = SampleStream(seed=seed * 2 + 2, arm="candidate")
     for _ in range(2000 // batch):
-        p.process(base.take(batch) + cand.take(batch))
+        bs, cs = base.take(batch), cand.take(batch)
+        p.process(bs + cs)
+        _replay_all(p, bs + cs, cand)
     cand.regression = reg
     n, fired = 0, []
     while n < max_after:
-        cs = cand.take(batch)
-        alarms = p.process(base.take(batch) + cs)
-        for s in cs:  # replay pairing: the baseline's greedy output for the same prompt
-            if s["sampling"]["temperature"] == 0 and s["output"]["text"] is not None:
-                k = int(s["prompt"]["text"].split("task_")[1].split("(")[0])
-                alarms += _replay(p, s, cand.baseline_ids(k))
+        bs, cs = base.take(batch), cand.take(batch)
+        alarms = p.process(bs + cs)
+        alarms += _replay_all(p, bs + cs, cand)
         n += batch
         fired += [(n, a.detector) for a in alarms if a.arm == "candidate"]
         if reg is not None and any(d == EXPECTED[reg] for _, d in fired):
@@ -67,9 +66,14 @@ def detection_trial(reg: str | None, seed: int, max_after: int, batch: int = 50)
     return {"detected_after": hit, "alarms": fired[:10]}
 
 
-def _replay(p: Pipeline, sample: dict, base_ids: list[int]) -> list:
+def _replay_all(p: Pipeline, samples: list[dict], stream: SampleStream) -> list:
+    """Replay pairing of both arms' greedy samples (what --baseline-url replay provides): the
+    baseline's greedy output for the same prompt; baseline-arm replays are exact_match's A/A reference."""
     before = len(p.alarm_log)
-    p.add_replay_pair(sample, {"token_ids": base_ids})
+    for s in samples:
+        if s["sampling"]["temperature"] == 0 and s["output"]["text"] is not None:
+            k = int(s["prompt"]["text"].split("task_")[1].split("(")[0])
+            p.add_replay_pair(s, {"token_ids": stream.baseline_ids(k)})
     return [type("A", (), {"arm": e["arm"], "detector": e["detector"]}) for e in p.alarm_log[before:]]
 
 
