@@ -14,7 +14,7 @@ sampler -- vLLM's own ``Sampler`` on that row's last-position logits with the fu
 min-p, top-k/top-p), one draw from the request's generator -- and the rejection sampler adds no draw
 for a row without drafts (``generate_uniform_probs`` and ``sample_recovered_tokens`` skip them).  A
 step in which no row has drafts takes vLLM's plain path anyway (``plain_steps.py``).  Tested against a
-plain server field by field (``tests/vllm/test_sampling_fields.py``).
+plain server field by field (``tests/vllm/test_serve_readme.py``).
 
 Three parts:
 
