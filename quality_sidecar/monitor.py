@@ -43,7 +43,8 @@ from .detectors.embedders import make_embedder
 from .features import Features
 
 RATE_CHARTS = (*CLASSIFIER_NAMES, "truncated")
-N_DETECTORS = len(RATE_CHARTS) + 3 + 1 + 1  # rates, length up/down + acceptance, exact match, two-sample
+N_DETECTORS = len(RATE_CHARTS) + 3 + 1 + 1 + 1  # rates, length up/down + acceptance, exact match, two-sample,
+# evidence loss
 
 
 @dataclass
@@ -95,9 +96,15 @@ def _flag_of(f: Features, name: str) -> bool:
     return f.truncated if name == "truncated" else f.flags.get(name, False)
 
 
+# Per-sample flag set by the pipeline: a T>0 sample the conformance scorer cannot judge (aborted,
+# penalties, structured output, ...).  Under a random traffic split its rate is equal in both arms, so
+# a decoder that makes its own outputs unjudgeable (aborts, errors) shows as a difference.
+UNSCORED = "unscored"
+
+
 def arm_comparison_tests(cfg: MonitorConfig) -> list[str]:
     """Names of the tests in the baseline-vs-candidate Holm family (its size sets the per-test alpha)."""
-    return ["length", "finish_reason", *RATE_CHARTS, *(["text_mmd"] if cfg.text_test else [])]
+    return ["length", "finish_reason", *RATE_CHARTS, UNSCORED, *(["text_mmd"] if cfg.text_test else [])]
 
 
 _FEATURE_STATE = ("request_id", "model", "arm", "trace_id", "greedy", "pair_key", "length", "finish_reason",
@@ -285,7 +292,8 @@ class ArmComparison(StatefulDetector):
     ``acknowledge``; the windows and latches are its state.
     """
 
-    STATE = ("win", "pending", "last")
+    STATE = ("win", "pending", "last", "lost")
+    STATE_VERSION = 2
 
     def __init__(self, model: str, cfg: MonitorConfig):
         self.model, self.cfg = model, cfg
@@ -294,6 +302,37 @@ class ArmComparison(StatefulDetector):
         self.alpha = cfg.window / cfg.ert_each
         self.alarm = False
         self.last: dict[str, Result] = {}
+        # T>0 samples the conformance scorer finished, per arm: [given up, finished].  A fault that
+        # makes outputs unscorable (a run to the context limit gets the scorer a 400) removes its own
+        # evidence; the share given up per arm shows it.
+        self.lost: dict[str, list[int]] = {"baseline": [0, 0], "candidate": [0, 0]}
+
+    def scorer_finished(self, arm: str, given_up: bool) -> list[Alarm]:
+        """Count one scored (or given-up) T>0 sample.  At each candidate give-up, one-sided Fisher exact
+        test of the candidate's give-up rate above the baseline arm's, at 1 / ``ert_each`` per look: at
+        most one false alarm per ``ert_each`` candidate give-ups, under any traffic split."""
+        if arm not in self.lost:
+            return []
+        self.lost[arm][0] += int(given_up)
+        self.lost[arm][1] += 1
+        (kc, nc), (kb, nb) = self.lost["candidate"], self.lost["baseline"]
+        if arm != "candidate" or not given_up or not nb:
+            return []
+        from scipy.stats import fisher_exact
+
+        p = float(fisher_exact([[kc, nc - kc], [kb, nb - kb]], alternative="greater")[1])
+        alpha = 1.0 / self.cfg.ert_each
+        prev = self.last.get("evidence_loss")
+        fire = p < alpha and not (prev and prev.alarm)
+        r = Result("twosample_evidence_loss", kc / nc, alpha, fire or bool(prev and prev.alarm), alarm_new=fire,
+                   pvalue=p, n=nc, extra={"detail": f"given up: candidate {kc}/{nc}, baseline {kb}/{nb}"})
+        self.last["evidence_loss"] = r
+        return [Alarm(r.detector, self.model, "candidate", r, [], [])] if fire else []
+
+    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
+        if version == 1:  # before the evidence-loss counts
+            return {**st, "version": 2, "state": {**st["state"], "lost": {"baseline": [0, 0], "candidate": [0, 0]}}}
+        return super()._upgrade_state(st, version)
 
     def _embedded(self, feats: list[Features]) -> np.ndarray:
         todo = [f for f in feats if f.embedding is None]
@@ -315,7 +354,7 @@ class ArmComparison(StatefulDetector):
         tests = [length_test([f.length for f in b], [f.length for f in c], method="mannwhitney"),
                  finish_reason_test([f.finish_reason for f in b], [f.finish_reason for f in c])]
         tests += [rate_test([_flag_of(f, k) for f in b], [_flag_of(f, k) for f in c], name=k)
-                  for k in RATE_CHARTS]
+                  for k in (*RATE_CHARTS, UNSCORED)]
         if self.cfg.text_test:
             m = min(len(b), len(c)) // 2 * 2
             tests.append(linear_mmd(self._embedded(b[:m]), self._embedded(c[:m])))
@@ -344,6 +383,8 @@ class ArmComparison(StatefulDetector):
             if r.alarm and detector in (None, r.detector):
                 r.alarm = False
                 done.append(r.detector)
+        if "twosample_evidence_loss" in done:  # counts restart: the acknowledged evidence is not re-fired
+            self.lost = {"baseline": [0, 0], "candidate": [0, 0]}
         return done
 
     def rebaseline(self) -> None:
@@ -351,6 +392,7 @@ class ArmComparison(StatefulDetector):
         for w in self.win.values():
             w.clear()
         self.pending, self.last = 0, {}
+        self.lost = {"baseline": [0, 0], "candidate": [0, 0]}
 
     def _encode_state(self, name: str, value: Any) -> Any:
         if name == "win":

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .baseline_scoring import ConformanceConfig, ConformanceMonitor, draft_positions
+from .baseline_scoring import ConformanceConfig, ConformanceMonitor, draft_positions, scorable
 from .classifiers import classify_batch, default_classifiers
 from .classifiers.format import FormatClassifier
 from .detectors.base import to_jsonable
@@ -39,6 +39,7 @@ from .detectors.repeats import RepeatChart, repeat_keys
 from .features import Features, extract
 from .monitor import (
     REMOVED_MONITOR_KEYS,
+    UNSCORED,
     Alarm,
     ArmComparison,
     MonitorConfig,
@@ -72,6 +73,13 @@ ALARM_HELP = {
                          "(every single sample can still look right)",
                          "the decoder reuses one random stream across requests: roll the candidate back; "
                          "compare the example requests' outputs"),
+    "twosample_unscored": ("T>0 outputs the conformance scorer cannot judge (aborted, ...) are more frequent in "
+                           "the candidate arm than in the baseline arm",
+                           "a decoder that aborts or errors hides from the T>0 checks: read the example requests"),
+    "twosample_evidence_loss": ("the baseline server gives up on more candidate T>0 samples than baseline ones "
+                                "(e.g. outputs run to the context limit and the scorer's request is refused)",
+                                "the decoder removes its own evidence: roll the candidate back, read the "
+                                "scorer's failure reasons (quality_sidecar_baseline_failed_samples)"),
     "impossible_tokens": ("T>0 outputs hold tokens the request's sampler could not have drawn (outside its "
                           "top-p / top-k / min-p cut or the vocabulary)",
                           "the decoder ignores a sampling parameter: roll the candidate back; detail.reasons "
@@ -182,6 +190,8 @@ class Pipeline:
             for f, v in zip(feats, classify_batch(clf, texts, prompts, rfs, frs)):
                 f.flags[v.name] = v.flagged
                 f.scores[v.name] = v.score
+        for f, smp in zip(feats, samples):
+            f.flags[UNSCORED] = isinstance(scorable(smp), str)
         return feats
 
     def reject(self, raw: bytes, reason_label: str, reason: str, where: dict, dlq: JsonWriter | None) -> None:
@@ -292,8 +302,7 @@ class Pipeline:
             for (model, arm), idx in groups.items():
                 fs = [feats[i] for i in idx]
                 alarms += guarded("stream", idx, self._stream(model, arm).update, fs)
-                alarms += guarded("arm_comparison", idx, self.compare.setdefault(
-                    model, ArmComparison(model, self.cfg.monitor)).update, arm, fs)
+                alarms += guarded("arm_comparison", idx, self._compare(model).update, arm, fs)
                 alarms += guarded("exact_match", idx, self.pairs.setdefault(
                     model, PairTable(model, self.cfg.monitor)).add, fs)
                 n = sum(i not in dead for i in idx)
@@ -302,6 +311,9 @@ class Pipeline:
             self.counts["samples"] += len(samples) - len(dead)
             self._emit(alarms)
         return alarms
+
+    def _compare(self, model: str) -> ArmComparison:
+        return self.compare.setdefault(model, ArmComparison(model, self.cfg.monitor))
 
     def _add_repeat(self, smp: dict[str, Any]) -> list[Alarm]:
         keys = repeat_keys(smp)
@@ -337,6 +349,8 @@ class Pipeline:
         T>0 sample is evidence too: the sequence holds a token outside the model's vocabulary."""
         with self._lock:
             self.pending.pop(sample["request_id"], None)
+            if (sample.get("sampling") or {}).get("temperature"):  # the scorer's (the replay takes T=0 only)
+                self._emit(self._compare(sample["model"]).scorer_finished(sample["deployment"]["arm"], True))
             if reason == "rejected_token_ids" and (sample.get("sampling") or {}).get("temperature"):
                 mon = self._conformance(sample["model"])
                 n = len((sample.get("output") or {}).get("token_ids") or [])
@@ -377,6 +391,7 @@ class Pipeline:
         model, arm = sample["model"], sample["deployment"]["arm"]
         with self._lock:
             self.pending.pop(sample["request_id"], None)
+            self._emit(self._compare(model).scorer_finished(arm, False))
             mon = self._conformance(model)
             r, ri = mon.add(arm, score, sample.get("trace_id"), sample["request_id"], draft_positions(sample))
             self.metrics.conformance_scored.labels(model, arm).inc()
