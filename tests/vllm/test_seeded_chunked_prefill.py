@@ -54,7 +54,7 @@ def test_seeded_chunked_prefill_survives_and_does_not_depend_on_the_chunking(eng
     assert n_prompt > SHORT_BUDGET["max_num_batched_tokens"] * 2  # the prefill really was chunked
     assert all(len(t) == 24 for t in chunked)
     if spec != "none":
-        return  # the engine survived; lookahead's seeded tokens are compared in test_seeded_sampling.py
+        return  # the engine survived; lookahead's seeded tokens are compared in test_seeded_coupled.py
     assert chunked[0] == chunked[2]  # same seed, same prompt, same tokens (batched together)
     assert chunked[0] != chunked[1]
     llm = engine_factory("none", max_model_len=512, max_num_seqs=8, extra=LONG_BUDGET)

@@ -182,7 +182,7 @@ def _field_cases(ids: dict[str, list[int]]) -> dict[str, dict]:
 
 # Seeded T>0 requests that lookahead does not draft for (logit bias or min-p at T>0) are sampled exactly
 # as plain decoding samples them: the same tokens.  Drafted seeded requests are compared in
-# test_seeded_sampling.py.
+# test_seeded_coupled.py (coupled verification, vllm/coupled_verify.py).
 T_EXACT = {"t_min_p", "t_logit_bias", "t_all"}
 
 

@@ -53,6 +53,7 @@ _R = "vllm.v1.worker.gpu_model_runner"
 _OP = "vllm.v1.engine.output_processor"
 _CPU = "vllm.v1.attention.backends.cpu_attn"
 _FLEX = "vllm.v1.attention.backends.flex_attention"
+_RS = "vllm.v1.sample.rejection_sampler"
 
 USES: tuple[Use, ...] = (
     # --- how vLLM loads us ---------------------------------------------------------------------
@@ -141,6 +142,22 @@ USES: tuple[Use, ...] = (
     Use("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata.max_spec_len", "attribute"),
     Use("vllm.v1.outputs", "SamplerOutput.sampled_token_ids", "attribute"),
     Use("vllm.v1.outputs", "SamplerOutput.logprobs_tensors", "attribute"),
+    # coupled_verify: T>0 steps sampled position by position as plain decoding samples them
+    Use(_RS, "RejectionSampler.apply_logits_processors", "method", ("self", "logits", "sampling_metadata", "metadata")),
+    Use(_RS, "RejectionSampler._get_logprobs_tensors", "method",
+        ("self", "max_num_logprobs", "metadata", "logits", "target_logits", "bonus_logits", "sampled_token_ids")),
+    Use(_RS, "RejectionSampler.sampler", "attribute"),
+    Use(_RS, "RejectionSampler.is_processed_logprobs_mode", "attribute"),
+    Use(_RS, "RejectionSampler.use_fp64_gumbel", "attribute"),
+    Use("vllm.v1.sample.sampler", "Sampler.forward", "method",
+        ("self", "logits", "sampling_metadata", "predict_bonus_token", "logprobs_mode_override")),
+    Use("vllm.v1.sample.sampler", "Sampler.use_fp64_gumbel", "attribute"),
+    Use("vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_cpu", "method",
+        ("self", "logits", "generators", "k", "p"),
+        why="coupled_verify draws each row's seed as it does, for torch.ops._C.fused_gumbel_argmax"),
+    *(Use("vllm.v1.sample.metadata", f"SamplingMetadata.{a}", "attribute") for a in ("temperature", "spec_token_ids")),
+    *(Use("vllm.v1.spec_decode.metadata", f"SpecDecodeMetadata.{a}", "attribute") for a in (
+        "cu_num_draft_tokens", "target_logits_indices", "bonus_logits_indices")),
     Use(_CPU, "CPUAttentionMetadata.num_actual_tokens", "attribute"),
     Use(_CPU, "CPUAttentionMetadata.slot_mapping", "attribute"),
     Use(_CPU, "CPUAttentionMetadata.block_table", "attribute"),

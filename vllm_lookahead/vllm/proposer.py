@@ -6,8 +6,10 @@
 
 vLLM builds it in each worker as ``LookaheadProposer(vllm_config)`` and, after every forward pass,
 calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` for the
-rows of ``runner.input_batch``.  Drafts are verified by vLLM's own rejection sampler in the next step,
-which is what keeps outputs lossless (greedy match at T=0, the draft-free rejection rule at T>0).
+rows of ``runner.input_batch``.  Drafts are verified in the next step by vLLM's own rules, which is what
+keeps outputs lossless: the greedy match at T=0 (``greedy_verify``, else vLLM's rejection sampler), and at
+T>0 on CPU each position sampled as plain decoding samples it, the draft accepted while equal
+(``coupled_verify``: seeded requests reproduce token for token), else vLLM's rejection sampler.
 
 Design: the k draft slots carry the best candidate of the context match (prompt lookup over prompt +
 output) and the engine-wide memory of earlier outputs, cut at its estimated commit probability
@@ -30,7 +32,7 @@ import numpy as np
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
 
-from . import greedy_verify
+from . import coupled_verify, greedy_verify
 from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken, fix_seeded_chunked_prefill_if_broken
 from .plain_steps import install_plain_steps
 from .runner_patch import install_runner_hook
@@ -112,6 +114,7 @@ class LookaheadProposer:
         self._runner: Any = None
         self._captured: tuple[list[str], Any, list[int]] | None = None
         self._verdict: Any = None  # a SamplerOutput made from the argmax (greedy_verify), until taken
+        self._coupled: Any = None  # (runner, logits, metadata) of a T>0 step coupled_verify samples, until taken
         self._warned = False
         self._cover = DraftCover()  # rows whose sampling vLLM's verifier does not cover get no drafts
         # the experimental 2D layout (layout="2d"): its requests' state and steps
@@ -137,6 +140,7 @@ class LookaheadProposer:
     def _capture(self, runner: Any, logits: Any, spec_decode_metadata: Any) -> None:
         self._runner = runner
         self._verdict = None
+        self._coupled = None
         if logits is None or spec_decode_metadata is None:
             self._captured = None
             if self.lade2d is not None:
@@ -172,11 +176,19 @@ class LookaheadProposer:
                 host.copy_(argmax, non_blocking=True)  # read in propose(), after vLLM's bookkeeping sync
                 argmax = host
         self._captured = (list(runner.input_batch.req_ids), argmax, list(spec_decode_metadata.num_draft_tokens))
+        # a T>0 step sampled as plain decoding samples each position (coupled_verify.py): seeded requests
+        # reproduce token for token; computed in take_verdict, outside the proposer's own time
+        if not verdict and cfg.layout != "2d" and coupled_verify.applies(runner, logits, spec_decode_metadata):
+            self._coupled = (runner, logits, spec_decode_metadata)
 
     def take_verdict(self) -> Any:
         """The ``SamplerOutput`` of the step just captured when it was verified from the argmax
-        (``greedy_verify``); None: vLLM's rejection sampler verifies it (called by runner_patch)."""
+        (``greedy_verify``) or sampled position by position as plain decoding would (``coupled_verify``, T>0);
+        None: vLLM's rejection sampler verifies it (called by runner_patch)."""
         verdict, self._verdict = self._verdict, None
+        coupled, self._coupled = self._coupled, None
+        if verdict is None and coupled is not None:
+            verdict = coupled_verify.sampler_output(*coupled)
         return verdict
 
     # Called by runner_patch inside GPUModelRunner._sample, after vLLM's own sampler.

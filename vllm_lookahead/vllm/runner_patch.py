@@ -10,8 +10,9 @@ the CPU runner inherits it, so one patch covers CPU and CUDA.
 What: wrap ``_sample`` so that, before sampling, the proposer's ``capture_verification(runner, logits,
 metadata)`` runs, and after it ``finish_verification(runner, sampler_output)`` (the 2D layout's
 multi-candidate verifier rewrites its requests' rows there, ``experimental/lade2d.py``).  When the capture already
-verified a greedy step from its argmax (``take_verdict()``, ``greedy_verify.py``), that output stands in
-for vLLM's rejection sampler.  It only launches an argmax
+verified a greedy step from its argmax (``take_verdict()``, ``greedy_verify.py``), or a T>0 step is sampled
+position by position as plain decoding samples it (``coupled_verify.py``: seeded requests reproduce token
+for token), that output stands in for vLLM's rejection sampler.  It only launches an argmax
 and an asynchronous device-to-host copy (no host sync on CUDA); the result is read in ``propose()``,
 which vLLM calls after its own bookkeeping sync.  Runners whose drafter is not ours pass straight through.
 
@@ -26,7 +27,9 @@ from . import patches
 
 
 @patches.declare("runner_sample", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._sample",
-                 "expose the target argmax at every verified position to the lookahead proposer", "worker")
+                 "expose the target argmax at every verified position to the lookahead proposer, and let its "
+                 "verdict (greedy argmax; T>0 coupled sampling, so seeded requests reproduce) stand in for "
+                 "vLLM's rejection sampler", "worker")
 def _build_sample(original: Any) -> Any:
     def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
         drafter = getattr(self, "drafter", None)
@@ -35,7 +38,7 @@ def _build_sample(original: Any) -> Any:
         if capture is not None:
             capture(self, logits, spec_decode_metadata)
             take = getattr(drafter, "take_verdict", None)
-            output = take() if take is not None else None  # a greedy step verified from the argmax, or None
+            output = take() if take is not None else None  # greedy argmax or T>0 coupled verdict, or None
         if output is None:
             output = original(self, logits, spec_decode_metadata)
         else:
