@@ -453,8 +453,9 @@ def test_junit_xml_lists_criteria_and_failures(tmp_path: Path) -> None:
 def test_impossible_tokens_fail_the_gate_at_a_level_and_say_which_parameter(impossible: int, dtype: str,
                                                                              verdict: str) -> None:
     """Impossible tokens are a test inside the Holm family, not "more than the baseline arm": two in
-    320,000 tokens against none could be chance; fourteen cannot in fp32 (floor 1e-6 per token), while
-    bf16's floor (5e-5: boundary flips, 16 expected here) tolerates them and forty exceed it."""
+    320,000 tokens against the baseline arm's none could be chance (tolerated: 1 / 320,000 per token);
+    fourteen cannot in fp32, while bf16's floor (5e-5: boundary flips, 16 expected here) tolerates them
+    and forty exceed it."""
     pol = load_policy()
     texts, ids = ["ok\n"] * 40, [[i, 1, 2, 3] for i in range(40)]
     base, cand = _arms(texts, ids)
