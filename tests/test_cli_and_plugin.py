@@ -114,7 +114,7 @@ def test_bench_end_to_end_writes_json_and_plot(tmp_path, batching, interleave, i
 
 def test_w_n_g_mean_the_2d_shape_in_every_spec_and_the_config():
     """One meaning: `lookahead2d:W=2,...` and {"lade": {"W": 2}} set the 2D section's window; at the top
-    level W/N/G say where they moved."""
+    level W/N/G are unknown keys."""
     from vllm_lookahead.core.config import LookaheadConfig
     from vllm_lookahead.decoders import SpecError, parse_spec
 
@@ -123,7 +123,7 @@ def test_w_n_g_mean_the_2d_shape_in_every_spec_and_the_config():
     assert (cfg.lade.window, cfg.lade.ngram, cfg.lade.candidates) == (2, 4, 3)
     assert LookaheadConfig.from_dict({"lade": {"W": 2, "N": 4, "G": 3}}).overrides() == {
         "lade.window": 2, "lade.ngram": 4, "lade.candidates": 3}
-    with pytest.raises(SpecError, match="moved into the 2D layout's section"):
+    with pytest.raises(SpecError, match=r"unknown key\(s\) \['W'\]"):
         parse_spec("lookahead:k=4,W=2", check_import=False)
 
 
