@@ -349,9 +349,10 @@ class Pipeline:
         T>0 sample is evidence too: the sequence holds a token outside the model's vocabulary."""
         with self._lock:
             self.pending.pop(sample["request_id"], None)
-            if (sample.get("sampling") or {}).get("temperature"):  # the scorer's (the replay takes T=0 only)
+            sampled = bool((sample.get("sampling") or {}).get("temperature"))  # the scorer's: the replay takes T=0
+            if sampled:
                 self._emit(self._compare(sample["model"]).scorer_finished(sample["deployment"]["arm"], True))
-            if reason == "rejected_token_ids" and (sample.get("sampling") or {}).get("temperature"):
+            if reason == "rejected_token_ids" and sampled:
                 mon = self._conformance(sample["model"])
                 n = len((sample.get("output") or {}).get("token_ids") or [])
                 arm = sample["deployment"]["arm"]
