@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vllm_lookahead.bench import _load, code_version, machine  # noqa: E402 (after the path set-up)
+from vllm_lookahead.bench import _load, _split_specs, code_version, machine  # noqa: E402 (after the path set-up)
 from vllm_lookahead.decoders import DEFAULT_DECODER, DecoderSpec, SpecError, parse_spec  # noqa: E402
 
 # vLLM client result key -> ours (units in the name)
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model or str(demo_model_dir())
     try:
-        specs = [parse_spec(s) for s in args.methods.split(",") if s.strip()]
+        specs = [parse_spec(s) for s in _split_specs(args.methods)]
         concurrencies, temperatures = parse_concurrency(args.max_concurrency), parse_temperatures(args.temperatures)
         if specs[0].kind != "none" or args.repeats < 1 or args.n < 1:
             raise ValueError("the first method must be none (the ratios' reference); --repeats and --n >= 1")

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from vllm_lookahead.core.acceptance import (
     AGREE,
     BLOCK,
+    CLASS_CELLS,
     CONFLICT,
     CTX0,
     DEPTHS,
     MEM0,
     AcceptanceTable,
+    sampler_class,
 )
 from vllm_lookahead.core.config import LookaheadConfig
 from vllm_lookahead.core.kernels import HISTORY_PRIOR
@@ -81,6 +83,7 @@ class Request:
     p: list[float] = field(default_factory=list)
     hist_accepted: float = 0.0
     hist_expected: float = 0.0
+    offset: int = 0  # the request's sampler class's first cell in the acceptance table
 
 
 class ReferenceDrafter:
@@ -96,8 +99,9 @@ class ReferenceDrafter:
         return hi if batch >= top else lo + (hi - lo) * max(0, batch - 1) / max(1, top - 1)
 
     def observe(self, rid: str, tokens: list[int], new: list[int], verified: int, prompt_len: int,
-                key: Hashable) -> Request:
-        rq = self.requests.setdefault(rid, Request(prompt_len=prompt_len, key=key))
+                key: Hashable, temperature: float = 0.0) -> Request:
+        rq = self.requests.setdefault(rid, Request(prompt_len=prompt_len, key=key,
+                                                   offset=sampler_class(temperature) * CLASS_CELLS))
         n = len(tokens)
         last = rq.draft if rq.seen > 0 and n == rq.seen + len(new) else []
         rq.draft = []
@@ -127,8 +131,10 @@ class ReferenceDrafter:
         return rq
 
     def candidate(self, rq: Request, toks: list[int]) -> tuple[list[int], list[int], list[float]]:
-        """The best candidate (tokens, cells, p_cum) for a request's scanned tokens ``toks``."""
-        k, p, memory, cfg = self.k, self.p, self.memory, self.cfg
+        """The best candidate (tokens, cells, p_cum) for a request's scanned tokens ``toks``: cells within
+        its sampler class (``Request.offset`` added by the caller)."""
+        k, memory, cfg = self.k, self.memory, self.cfg
+        p = self.p[rq.offset : rq.offset + CLASS_CELLS]
         rho = min(max((rq.hist_accepted + HISTORY_PRIOR) / (rq.hist_expected + HISTORY_PRIOR), 0.3), 1.6)
         mt, mp, mm = memory.lookup(rq.key, toks, k) if memory is not None else ([], [], 0)
         end, m, cls = suffix_match_evidence(toks, cfg.min_match, cfg.max_match)
@@ -159,15 +165,17 @@ class ReferenceDrafter:
                 pc.append(acc)
         return draft, cells, pc
 
-    def step(self, rows: list[tuple[str, list[int], list[int], int, int, Hashable]]) -> list[list[int]]:
-        """Rows of (request id, committed tokens, new tokens, verified drafts, prompt length, isolation key)."""
+    def step(self, rows: list[tuple[str, list[int], list[int], int, int, Hashable, float]]) -> list[list[int]]:
+        """Rows of (request id, committed tokens, new tokens, verified drafts, prompt length, isolation key,
+        temperature)."""
         floor = self.floor(len(rows))
         cands, counts = [], []
         # every row's verification is credited first (to the shared table), then every row drafts
-        states = [self.observe(rid, list(tokens), list(new), verified, prompt_len, key)
-                  for rid, tokens, new, verified, prompt_len, key in rows]
-        for rq, (_, tokens, new, _, _, _) in zip(states, rows):
-            cand = self.candidate(rq, list(tokens[rq.start:])) if new else ([], [], [])
+        states = [self.observe(rid, list(tokens), list(new), verified, prompt_len, key, temperature)
+                  for rid, tokens, new, verified, prompt_len, key, temperature in rows]
+        for rq, (_, tokens, new, _, _, _, _) in zip(states, rows):
+            draft, cells, pc = self.candidate(rq, list(tokens[rq.start:])) if new else ([], [], [])
+            cand = (draft, [c + rq.offset for c in cells], pc)
             n = 0
             while n < len(cand[2]) and cand[2][n] >= floor:
                 n += 1

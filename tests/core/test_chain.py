@@ -263,6 +263,57 @@ def test_chain_policy_cuts_each_draft_at_its_commit_probability_floor():
     assert busy.step(rows) == [[]] * 20
 
 
+def test_sampler_classes_learn_their_own_acceptance():
+    """Greedy and T>0 requests learn apart (``core.acceptance.sampler_class``): after a greedy request
+    whose drafts are always accepted and a T=1 request whose drafts are always rejected ran side by side
+    on the same repetitive text, a *new* greedy request drafts the whole match while a new T=1 request
+    drafts less (its class's cells learned the rejections; the greedy ones did not).  One table for both
+    would give the newcomers the same draft -- their histories are empty, only the cells differ."""
+    ctx = [5, 6, 7, 8, 9, 10, 11, 12] * 3 + [5, 6, 7, 8]
+    d = LookaheadDrafter(LookaheadConfig(memory_tokens=0, measured_floor=False, chain_min_p=0.12), 4)
+    rows = {"g": list(ctx), "t": list(ctx)}
+    temps = {"g": 0.0, "t": 1.0, "g2": 0.0, "t2": 1.0}
+    drafts = {"g": [], "t": []}
+    for _ in range(60):
+        news = {}
+        for rid, c in rows.items():
+            dr = drafts[rid]
+            news[rid] = (dr + [c[len(c) - 8 + len(dr)]]) if rid == "g" else [c[len(c) - 8]]  # all / none accepted
+            c += news[rid]
+        out = d.step([RowStep(rid, c, len(c), news[rid], len(drafts[rid]), prompt_len=len(ctx),
+                              temperature=temps[rid]) for rid, c in rows.items()])
+        drafts = dict(zip(rows, out))
+    new = d.step([RowStep(rid, ctx, len(ctx), [8], prompt_len=len(ctx) - 1, temperature=temps[rid])
+                  for rid in ("g2", "t2")])
+    assert new[0] == [9, 10, 11, 12]
+    assert len(new[1]) < 4, new
+    from vllm_lookahead.core.acceptance import CLASS_CELLS, sampler_class
+
+    assert [sampler_class(t) for t in (0.0, 1e-6, 0.3, 0.7, 1.0, 1.5, None)] == [0, 0, 1, 2, 3, 4, 3]
+    hot = d.table.evaluated[sampler_class(1.0) * CLASS_CELLS : (sampler_class(1.0) + 1) * CLASS_CELLS]
+    assert hot.sum() > 0 and d.table.accepted[sampler_class(1.0) * CLASS_CELLS :][: CLASS_CELLS].sum() == 0
+
+
+def test_drafts_that_do_not_pay_for_a_drafting_step_are_dropped():
+    """With a measured switch price (a step with drafts costs 10 ms more than one without, at ~360 tokens/s:
+    ~3.6 tokens), a draft whose expected surplus (~1.4 tokens) is below it is not drafted at all -- the step
+    runs as a plain step; with a cheap switch (0.1 ms) the same draft goes ahead."""
+    ctx = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8]
+
+    def first_draft(switch_s: float) -> list[int]:
+        d = LookaheadDrafter(LookaheadConfig(memory_tokens=0, chain_min_p=0.05), 4)
+        rng = np.random.default_rng(0)
+        for i in range(64):  # synthetic steps: 3 ms + 0.1 ms per row (+ switch_s when drafting), rows vary
+            drafts = int(rng.integers(0, 5)) if i % 2 else 0
+            d.row_price.observe(1, drafts, 3, 0.003 + 0.0001 * (1 + drafts) + (switch_s if drafts else 0.0))
+        assert d.row_price.switch_price(1) == pytest.approx(switch_s * d.row_price.summary()["1"]["tokens_per_s"],
+                                                            rel=0.05)
+        return d.step([RowStep("r", ctx, len(ctx), [8], prompt_len=11)])[0]
+
+    assert first_draft(0.0001) == [9, 10, 11, 12]
+    assert first_draft(0.01) == []
+
+
 def test_agreement_marks_agreeing_then_conflicting_tokens():
     """Cells of tokens the other source drafts too go to the AGREE block, the first token it drafts
     differently to the CONFLICT block, tokens past that (or past its end) stay ALONE."""
@@ -440,6 +491,9 @@ def test_proposer_drafts_no_more_than_a_request_can_still_commit():
     assert d.last_budget == 5
 
 
+REPLAY_TEMPERATURES = (0.0, 0.7, 1.0, 0.0, 1.3, 0.3)
+
+
 def _replay(kind: str, seed: int, batch: int = 8, steps: int = 100, shrink: bool = False,
             **cfg) -> list:
     """Random decoding over a 12-token vocabulary (contexts and memory match often), a random prefix
@@ -459,6 +513,9 @@ def _replay(kind: str, seed: int, batch: int = 8, steps: int = 100, shrink: bool
     news: list[list[int]] = [[] for _ in range(batch)]
     ver = [0] * batch
 
+    def temperature_of(rid: str) -> float:  # every sampler class of the acceptance table, greedy included
+        return REPLAY_TEMPERATURES[int(rid[1:]) % len(REPLAY_TEMPERATURES)]
+
     def step(run: list[int]) -> list[list[int]]:
         if kind == "arrays":
             tokens = np.zeros((len(run) + 1, max(len(ctxs[i]) for i in run) + 3), dtype=np.int32)
@@ -466,11 +523,13 @@ def _replay(kind: str, seed: int, batch: int = 8, steps: int = 100, shrink: bool
                 tokens[r, : len(ctxs[i])] = ctxs[i]
             return d.step_arrays([ids[i] for i in run], tokens, np.array([len(ctxs[i]) for i in run]),
                                  [news[i] for i in run], np.array([ver[i] for i in run]),
-                                 np.array([plen[i] for i in run]), lambda rid: int(rid[1:]) % 3)
+                                 np.array([plen[i] for i in run]), lambda rid: int(rid[1:]) % 3,
+                                 temperature_of=temperature_of)
         if kind == "rows":
             return d.step([RowStep(ids[i], np.array(ctxs[i]), len(ctxs[i]), news[i], ver[i], plen[i],
-                                   isolation_key=int(ids[i][1:]) % 3) for i in run])
-        return d.step([(ids[i], ctxs[i], news[i], ver[i], plen[i], int(ids[i][1:]) % 3) for i in run])
+                                   isolation_key=int(ids[i][1:]) % 3, temperature=temperature_of(ids[i])) for i in run])
+        return d.step([(ids[i], ctxs[i], news[i], ver[i], plen[i], int(ids[i][1:]) % 3, temperature_of(ids[i]))
+                       for i in run])
 
     run = list(range(batch))
     drafts = dict(zip(run, step(run)))

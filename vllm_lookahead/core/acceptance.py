@@ -34,6 +34,22 @@ ALONE, AGREE, CONFLICT = 0, 1, 2  # as core/kernels.py numbers them
 AGREE_STATES = 3
 BLOCK = BUCKETS * DEPTHS
 _PRIOR_ALL = np.concatenate([_PRIOR, 1.0 - 0.5 * (1.0 - _PRIOR), 0.6 * _PRIOR])
+CLASS_CELLS = AGREE_STATES * BLOCK
+# sampler classes: the table holds one set of CLASS_CELLS cells per class of the request's temperature --
+# greedy, then T in (0, 0.5], (0.5, 0.85], (0.85, 1.15], above.  Why: a greedy draft token is committed when
+# it is the target's argmax, a sampled one with the target's (tempered, truncated) probability of it -- lower,
+# and lower the hotter the sampler -- so one estimate per cell for both would overrate drafts at T > 0 and
+# underrate them at T = 0 wherever the traffic mixes them.  Each class learns from its own verifications;
+# its prior is the greedy prior scaled down (the first few dozen verifications of a cell replace it).
+TEMPERATURE_EDGES = (1e-5, 0.5, 0.85, 1.15)  # 1e-5: vLLM's greedy threshold (sampling_params._SAMPLING_EPS)
+SAMPLER_CLASSES = len(TEMPERATURE_EDGES) + 1
+_CLASS_PRIOR_SCALE = (1.0, 0.8, 0.6, 0.45, 0.35)
+
+
+def sampler_class(temperature: float | None) -> int:
+    """The sampler class of a request sampling at ``temperature`` (None: vLLM's default, 1.0)."""
+    t = 1.0 if temperature is None else float(temperature)
+    return sum(t >= edge for edge in TEMPERATURE_EDGES)
 
 
 class AcceptanceTable:
@@ -42,13 +58,16 @@ class AcceptanceTable:
     The counts and estimates live in numpy arrays (``evaluated``, ``accepted``, ``p_array``: rows of
     ``arrays``) that the compiled step updates in place (``kernels.observe_rows``): a verified draft
     token's cell counts one evaluation, and one acceptance if it was accepted; the estimate is
-    (accepted + weight x prior) / (evaluated + weight), and a cell's counts are halved past ``cap``."""
+    (accepted + weight x prior) / (evaluated + weight), and a cell's counts are halved past ``cap``.
+    A request's cells are those of its sampler class (``sampler_class``): class c's start at
+    ``c x CLASS_CELLS``."""
 
     def __init__(self, prior_weight: float = 4.0, cap: float = 4096.0) -> None:
         # rows: evaluated, accepted, estimate, prior -- one array, one argument of the compiled batch step
-        self.arrays = np.zeros((4, AGREE_STATES * BLOCK), dtype=np.float64)
+        self.arrays = np.zeros((4, SAMPLER_CLASSES * CLASS_CELLS), dtype=np.float64)
         self.evaluated, self.accepted, self.p_array, self.prior_array = self.arrays
-        self.prior_array[:] = np.repeat(_PRIOR_ALL, DEPTHS)
+        greedy = np.repeat(_PRIOR_ALL, DEPTHS)
+        self.prior_array[:] = np.concatenate([scale * greedy for scale in _CLASS_PRIOR_SCALE])
         self.p_array[:] = self.prior_array  # the estimates for the compiled proposer
         self.weight = prior_weight
         self.cap = cap  # a cell's counts are halved past this, so the table follows a changing workload

@@ -34,7 +34,8 @@ class BatchRows:
         self.capacity = 0
         self._grow(capacity)
 
-    INTS = ("start", "seen", "memseen", "plen", "kid", "seglen", "last_len", "last_src")  # rows of `ints`
+    # rows of `ints`; toff: where the request's sampler class's cells start in the acceptance table
+    INTS = ("start", "seen", "memseen", "plen", "kid", "seglen", "last_len", "last_src", "toff")
 
     def _grow(self, capacity: int) -> None:
         """Room for ``capacity`` slots.  The per-slot fields are rows of a few arrays (``ints``, ``floats``,
@@ -62,16 +63,17 @@ class BatchRows:
         self._free.extend(range(capacity - 1, old - 1, -1))  # lowest slot first
         self.capacity = capacity
 
-    def new_slot(self, key: Hashable, prompt_len: int, kid: int, seglen: int = 0) -> int:
+    def new_slot(self, key: Hashable, prompt_len: int, kid: int, seglen: int = 0, toff: int = 0) -> int:
         """A fresh slot: nothing seen yet (the first step indexes from the prompt's tail); ``seglen``: the
-        request's output tokens the memory holds already (its segment, ``SuffixMemory.segment_length``)."""
+        request's output tokens the memory holds already (its segment, ``SuffixMemory.segment_length``);
+        ``toff``: its sampler class's first cell in the acceptance table."""
         if not self._free:
             self._grow(2 * self.capacity)
         s = self._free.pop()
         self.start[s] = self.seen[s] = self.memseen[s] = self.last_len[s] = self.last_src[s] = 0
         self.hist_a[s] = self.hist_e[s] = 0.0
         self.stats[s] = 0
-        self.plen[s], self.kid[s], self.seglen[s], self.keys[s] = prompt_len, kid, seglen, key
+        self.plen[s], self.kid[s], self.seglen[s], self.keys[s], self.toff[s] = prompt_len, kid, seglen, key, toff
         return s
 
     def retire(self, req_ids: Iterable[str], limit: int) -> None:

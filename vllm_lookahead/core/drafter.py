@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .acceptance import CTX0, DEPTHS, MEM0, AcceptanceTable
+from .acceptance import CLASS_CELLS, CTX0, DEPTHS, MEM0, AcceptanceTable, sampler_class
 from .arbiter import ThroughputArbiter
 from .batch_rows import BatchRows
 from .config import LookaheadConfig
@@ -39,6 +39,7 @@ class RowStep:
     verified: int = 0  # draft tokens verified for this row this step
     prompt_len: int = 0
     isolation_key: Hashable = None  # whose outputs this request may draft from (LoRA, tenant); read once
+    temperature: float = 0.0  # the request's sampling temperature (its acceptance estimates: sampler_class); read once
 
 
 _NO_MEMORY = (np.zeros(1, dtype=np.uint64), np.zeros((4, 1), dtype=np.int32), np.zeros(1, dtype=np.uint64),
@@ -74,6 +75,7 @@ def compile_kernels() -> None:
             for end, new in ((6, [3]), (9, [3]), (11, [1, 2])):
                 warm.step_arrays(["a0", "a1"], tokens, np.array([end, end], dtype=np.int32), [new, new], [1, 1],
                                  np.array([2, 2], dtype=np.int32), lambda rid: None)
+        load_kernels().drafted_surplus(np.zeros((1, 2)), np.zeros(1, dtype=np.int64), 0.0)
     except BaseException:  # e.g. numba missing: the next drafter reports it again
         _KERNELS_READY = False
         raise
@@ -106,9 +108,9 @@ class LookaheadDrafter:
         self._scratch = (i32[: depth + k + 1], f64[: k + 1], i32[depth + k + 1 : 2 * depth + k + 1],
                          i32[2 * depth + k + 1 :], i64, f64[k + 1 :])
         # kernels.chain_step's settings: max_prompt_index, depth, room (set per step), k, min_match, max_match,
-        # max_total, ctx0, mem0, depths; weight, cap, floor (set per step)
+        # max_total, ctx0, mem0, depths, class_cells; weight, cap, floor (set per step)
         self._params = (np.array([cfg.max_prompt_index_tokens, depth, -1, k, cfg.min_match, cfg.max_match,
-                                  cfg.max_batch_draft_tokens, CTX0, MEM0, DEPTHS], dtype=np.int64),
+                                  cfg.max_batch_draft_tokens, CTX0, MEM0, DEPTHS, CLASS_CELLS], dtype=np.int64),
                         np.array([self.table.weight, self.table.cap, 0.0], dtype=np.float64))
         self.clock = time.perf_counter  # replaceable in tests
         # with measured_floor: the price of a draft row per batch-size bucket, from the engine's own steps;
@@ -132,26 +134,31 @@ class LookaheadDrafter:
         for i, r in enumerate(rows):
             tokens[i, : r.num_tokens] = np.asarray(r.context[: r.num_tokens], dtype=np.int32)
         keys = {r.req_id: r.isolation_key for r in rows}
+        temperatures = {r.req_id: r.temperature for r in rows}
         return self.step_arrays([r.req_id for r in rows], tokens, np.array([r.num_tokens for r in rows], dtype=np.int32),
                                 [list(r.new_tokens) for r in rows], [r.verified for r in rows],
-                                np.array([r.prompt_len for r in rows], dtype=np.int32), keys.__getitem__)
+                                np.array([r.prompt_len for r in rows], dtype=np.int32), keys.__getitem__,
+                                temperature_of=temperatures.__getitem__)
 
     def step_arrays(self, req_ids: list[str], tokens: np.ndarray, num_tokens: np.ndarray,
                     new_tokens: list[list[int]], verified: Sequence[int] | np.ndarray, prompt_lens: np.ndarray,
-                    key_of: Callable[[str], Hashable], room: Sequence[int] | None = None) -> list[list[int]]:
+                    key_of: Callable[[str], Hashable], room: Sequence[int] | None = None,
+                    temperature_of: Callable[[str], float | None] | None = None) -> list[list[int]]:
         """``step`` for the engine's batch as it holds it, without a ``RowStep`` per row (``batch_path``
         steps only): row ``i`` is request ``req_ids[i]`` with committed tokens ``tokens[i, :num_tokens[i]]``
         (the runner's token array, read in place), ``new_tokens[i]`` sampled this step (vLLM's list;
         [] while prefilling), ``verified[i]`` draft tokens verified, a prompt of ``prompt_lens[i]``
         tokens; ``key_of(req_id)`` gives a request's isolation key, asked once per request; ``room[i]``
         (optional) the most draft tokens row ``i`` can still use (its ``max_tokens`` is near: the proposer's
-        ``draft_room``) -- a draft is cut there, and the step's measured rows count only what was drafted.
+        ``draft_room``) -- a draft is cut there, and the step's measured rows count only what was drafted;
+        ``temperature_of(req_id)`` (optional; else greedy) a request's sampling temperature, asked once per
+        request: its drafts are estimated with its sampler class's cells of the acceptance table.
         Why arrays: core/batch_rows.py."""
         b, n = self.batch, len(req_ids)
         if n == 0:
             return []
         new_counts = [len(t) for t in new_tokens]
-        mode, slots_l, live = self._slots_for(req_ids, new_counts, prompt_lens, key_of)
+        mode, slots_l, live = self._slots_for(req_ids, new_counts, prompt_lens, key_of, temperature_of)
         now = self._price_tick(live, new_counts)
         if mode == "off":
             self._price_mark(n, 0, live, now)
@@ -192,12 +199,18 @@ class LookaheadDrafter:
         counts = meta[2] if kept else self._keep_within_budget(rowdata[0], floor)
         if room is not None:  # the verified counts tell the next step's bookkeeping what was really drafted
             counts = [min(c, r) for c, r in zip(counts, room)]
+        if self._measure_price and any(counts) and not self._drafting_pays(counts, floor):
+            counts = [0] * n
+            slots = np.asarray(slots_l, dtype=np.int64)
+            b.last_len[slots] = 0
+            b.last_src[slots] = 0
         self.last_budget = sum(counts)
         self._price_mark(n, self.last_budget, live, now)
         return [t[:c] for t, c in zip(out_tok.tolist(), counts)]
 
     def _slots_for(self, req_ids: list[str], new_counts: list[int], prompt_lens: np.ndarray,
-                   key_of: Callable[[str], Hashable]) -> tuple[str, list[int], set[str]]:
+                   key_of: Callable[[str], Hashable],
+                   temperature_of: Callable[[str], float | None] | None) -> tuple[str, list[int], set[str]]:
         """``step_arrays``' bookkeeping: the guard's mode for this step, each row's slot (-1: not taken in,
         in an "off" step) and the set of request ids.  A steady batch -- the same requests in the same rows
         as the last step -- reuses that step's slots; otherwise the requests that left are retired and the
@@ -215,10 +228,22 @@ class LookaheadDrafter:
             active = b.active
             slots_l = [active.get(rid, -1) for rid in req_ids]
             if -1 in slots_l and mode != "off":  # (in an "off" step requests not seen yet are not taken in)
-                self._admit(req_ids, slots_l, prompt_lens, key_of)
+                self._admit(req_ids, slots_l, prompt_lens, key_of, temperature_of)
             if -1 not in slots_l:
                 self._batch_rows = (list(req_ids), live, slots_l)
         return mode, slots_l, live
+
+    def _drafting_pays(self, counts: list[int], floor: float) -> bool:
+        """Do this step's drafts pay for the step drafting at all?  Their expected commits beyond what
+        their rows cost (sum of p_cum - floor over the draft tokens: each token's surplus over its row's
+        price) must cover the measured price of a drafting step (``DraftRowPrice.switch_price``).  At
+        T > 0, where a draft token is committed with the target's probability of it, a step often
+        expects a fraction of a token from its drafts: then it runs as a plain step."""
+        switch = self.row_price.switch_price(len(counts))
+        if switch <= 0.0:
+            return True
+        counts_a = np.asarray(counts, dtype=np.int64)
+        return load_kernels().drafted_surplus(self._outputs[2], counts_a, floor) >= switch  # type: ignore[index]
 
     def _keep_within_budget(self, slots: np.ndarray, floor: float) -> list[int]:
         """``step_arrays`` when the drafts exceed ``max_batch_draft_tokens``: the most probable draft
@@ -250,12 +275,12 @@ class LookaheadDrafter:
         out_tok, out_cell, out_pc, out_meta = self._outputs  # type: ignore[misc]
         sc = self._scratch
         load_kernels().propose_slots(tokens, slots, num_tokens, rowdata[1], b.start, b.kid, b.hist_a, b.hist_e,
-                                     self.table.p_array, k, cfg.min_match, cfg.max_match, *memory.lookup_tables(),
+                                     b.toff, self.table.p_array, CLASS_CELLS, k, cfg.min_match, cfg.max_match, *memory.lookup_tables(),
                                      floor, CTX0, MEM0, DEPTHS, sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], out_tok,
                                      out_cell, out_pc, out_meta[0], out_meta[1], out_meta[2])
 
     def _admit(self, req_ids: list[str], slots: list[int], prompt_lens: np.ndarray,
-               key_of: Callable[[str], Hashable]) -> None:
+               key_of: Callable[[str], Hashable], temperature_of: Callable[[str], float | None] | None) -> None:
         """Slots for the rows of ``req_ids`` without one (``slots[i]`` -1): a request back from the
         dormant slots, or a new one."""
         b, memory = self.batch, self.memory
@@ -265,8 +290,9 @@ class LookaheadDrafter:
             s = b.dormant.pop(rid, None)
             if s is None:
                 key = key_of(rid)
+                cls = 0 if temperature_of is None else sampler_class(temperature_of(rid))
                 s = b.new_slot(key, int(prompt_lens[i]), memory.kid_for(key) if memory is not None else -1,
-                               memory.segment_length(rid) if memory is not None else 0)
+                               memory.segment_length(rid) if memory is not None else 0, cls * CLASS_CELLS)
             b.active[rid] = slots[i] = s
 
     def _price_tick(self, live: set[str], new_counts: list[int]) -> float:

@@ -410,19 +410,34 @@ def memory_add_slots(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta,
 
 
 @compiled
-def propose_slots(tokens, slots, num_tokens, n_new, s_start, s_kid, s_hist_a, s_hist_e, p, k, min_match, max_match,
-                  nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c,
-                  cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count):
+def propose_slots(tokens, slots, num_tokens, n_new, s_start, s_kid, s_hist_a, s_hist_e, s_toff, p, class_cells, k,
+                  min_match, max_match, nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail,
+                  cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count):
     """``_propose_one`` for row ``r`` = the engine's token row ``tokens[r]``, the request in slot
     ``slots[r]``: its committed tokens from its slot's start (``s_start``) to ``num_tokens[r]``; no
-    draft for a row still prefilling (``n_new[r]`` 0)."""
+    draft for a row still prefilling (``n_new[r]`` 0).  A row reads the ``class_cells`` cells of its
+    sampler class, from ``s_toff[s]`` on, and its output cells are table-wide (offset added)."""
     for r in range(len(slots)):
         s = slots[r]
         lo = s_start[s]
+        off = s_toff[s]
         n = num_tokens[r] - lo if n_new[r] > 0 else 0
-        _propose_one(r, tokens[r, lo:], n, s_kid[s], s_hist_a[s], s_hist_e[s], p, k, min_match, max_match, nk, ntot,
-                     nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p,
-                     out_tok, out_cell, out_pc, out_len, out_src, out_count)
+        _propose_one(r, tokens[r, lo:], n, s_kid[s], s_hist_a[s], s_hist_e[s], p[off : off + class_cells], k,
+                     min_match, max_match, nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs,
+                     tail, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count)
+        for j in range(out_len[r]):
+            out_cell[r, j] += off
+
+
+@compiled
+def drafted_surplus(out_pc, counts, floor):
+    """Expected commits of the draft tokens kept (``counts[r]`` leading tokens of row ``r``'s candidate)
+    beyond what their rows cost: the sum of ``out_pc - floor`` over them (``LookaheadDrafter._drafting_pays``)."""
+    total = 0.0
+    for r in range(len(counts)):
+        for j in range(counts[r]):
+            total += out_pc[r, j] - floor
+    return total
 
 
 @compiled
@@ -456,7 +471,7 @@ def chain_step(tokens, num_tokens, rowdata, ints, floats, lastk, last_p, stats, 
     So the state comes packed: ``rowdata`` (slots, new token counts, verified drafts per row), the
     slots' fields (``core.batch_rows.BatchRows``: ``ints``, ``floats``, ``lastk``, ``last_p``, ``stats``),
     the acceptance table's four rows, the memory's tables (``SuffixMemory.packed_tables``), ``params``
-    (max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths), ``fparams``
+    (max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths, class_cells), ``fparams``
     (weight, cap, floor), scratch by type; outputs ``out_tok``/``out_cell``/``out_pc`` and ``out_meta``
     (rows: length, source, count above the floor, fresh output from, to).
 
@@ -464,15 +479,16 @@ def chain_step(tokens, num_tokens, rowdata, ints, floats, lastk, last_p, stats, 
     ran, and the caller goes on with ``SuffixMemory.extend_slots``, ``propose_slots`` and
     ``keep_drafts``; whether ``keep_drafts`` ran -- not when the drafts exceed the budget)."""
     slots, n_new, verified = rowdata[0], rowdata[1], rowdata[2]
-    s_start, s_seen, s_memseen, s_plen, s_kid, s_seglen, s_last_len, s_last_src = (
-        ints[0], ints[1], ints[2], ints[3], ints[4], ints[5], ints[6], ints[7])
+    s_start, s_seen, s_memseen, s_plen, s_kid, s_seglen, s_last_len, s_last_src, s_toff = (
+        ints[0], ints[1], ints[2], ints[3], ints[4], ints[5], ints[6], ints[7], ints[8])
     s_hist_a, s_hist_e = floats[0], floats[1]
     s_last_tok, s_last_cells = lastk[0], lastk[1]
     ev, acc, p, prior = table[0], table[1], table[2], table[3]
     ntot, nbest, nbestc, nfirst = nodes[0], nodes[1], nodes[2], nodes[3]
     cc, ctok, cnext = children[0], children[1], children[2]
-    max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths = (
-        params[0], params[1], params[2], params[3], params[4], params[5], params[6], params[7], params[8], params[9])
+    max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths, class_cells = (
+        params[0], params[1], params[2], params[3], params[4], params[5], params[6], params[7], params[8], params[9],
+        params[10])
     weight, cap, floor = fparams[0], fparams[1], fparams[2]
     out_len, out_src, out_count, fresh_lo, fresh_hi = out_meta[0], out_meta[1], out_meta[2], out_meta[3], out_meta[4]
     scratch = scr_i32[: depth + k + 1]
@@ -497,9 +513,9 @@ def chain_step(tokens, num_tokens, rowdata, ints, floats, lastk, last_p, stats, 
                 memory_add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, s_kid[s], tokens[r], base, lo,
                            hi, depth, 1)
                 s_seglen[s] += hi - lo
-    propose_slots(tokens, slots, num_tokens, n_new, s_start, s_kid, s_hist_a, s_hist_e, p, k, min_match, max_match, nk,
-                  ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail, cand_t, cand_c, cand_p,
-                  out_tok, out_cell, out_pc, out_len, out_src, out_count)
+    propose_slots(tokens, slots, num_tokens, n_new, s_start, s_kid, s_hist_a, s_hist_e, s_toff, p, class_cells, k,
+                  min_match, max_match, nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail,
+                  cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count)
     total = 0
     for r in range(len(slots)):
         total += out_count[r]

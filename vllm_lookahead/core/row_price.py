@@ -1,5 +1,5 @@
-"""The price of a draft row, measured on the live engine (``DraftRowPrice``), and the batch-wide cut of
-draft tokens to a budget (``threshold_allocate``)."""
+"""The price of a draft row and of drafting at all, measured on the live engine (``DraftRowPrice``), and
+the batch-wide cut of draft tokens to a budget (``threshold_allocate``)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,10 @@ class DraftRowPrice:
         self._idle_s: dict[int, float] = {}  # a gap longer than this is idle time (4x the median step)
         self._fit: dict[int, tuple[float, float]] = {}  # bucket -> (seconds per row, tokens/s)
         self._price: dict[int, float] = {}
+        # bucket -> the price of drafting at all in a step (the step-time jump from no drafts to drafts, x
+        # tokens/s): kept from the last fit that saw both kinds of step (a bucket that stopped drafting
+        # sees none)
+        self._switch: dict[int, float] = {}
         self.version = 0  # bumped whenever a price changes (callers cache floors by it)
 
     def observe(self, rows: int, drafts: int, tokens: int, seconds: float) -> None:
@@ -130,6 +134,8 @@ class DraftRowPrice:
             if coef is not None:
                 row_s = max(float(coef[0]), 0.0)  # a negative slope is noise: rows are then about free
                 price = row_s * tokens_per_s
+                if both:
+                    self._switch[bucket] = max(float(coef[1]), 0.0) * tokens_per_s
         self._fit[bucket] = (row_s, tokens_per_s)
         self._set_price(bucket, price if price is not None else self._borrowed_price(bucket))
 
@@ -177,6 +183,14 @@ class DraftRowPrice:
         """The measured price of a draft row in a step of ``rows`` requests (None: not measured yet)."""
         return self._price.get(batch_bucket(rows))
 
+    def switch_price(self, rows: int) -> float:
+        """The measured price, in committed tokens, of a step of ``rows`` requests drafting at all rather
+        than not (0: not measured).  Why: a step with drafts takes vLLM's speculative path -- spec-decode
+        metadata, verification -- which costs a fixed share of the step beyond its draft rows (on CPU at
+        T > 0 the position-by-position sampling of ``coupled_verify``); drafts whose expected surplus over
+        their rows' price does not cover it slow the step down."""
+        return self._switch.get(batch_bucket(rows), 0.0)
+
     def summary(self) -> dict[str, dict[str, float | None]]:
         out: dict[str, dict[str, float | None]] = {}
         for bucket in sorted(self._steps):
@@ -185,5 +199,6 @@ class DraftRowPrice:
                                 "row_ms": None if row_s != row_s else 1000 * row_s,
                                 "tokens_per_s": None if tokens_per_s != tokens_per_s else tokens_per_s,
                                 "steps": min(self._written[bucket], self.window),
+                                "switch_price": self._switch.get(bucket),
                                 "row_cost_from": self._row_cost_from(bucket)}
         return out

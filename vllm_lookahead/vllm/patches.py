@@ -145,6 +145,7 @@ def revert(name: str) -> bool:
 DECLARING_MODULES = (
     "vllm_lookahead.vllm.runner_patch",
     "vllm_lookahead.vllm.plain_steps",
+    "vllm_lookahead.vllm.draft_reply",
     "vllm_lookahead.experimental.lade2d",
     "vllm_lookahead.experimental.flex_mask",
     "vllm_lookahead.vllm.prompt_scores",

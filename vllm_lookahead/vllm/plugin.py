@@ -9,18 +9,25 @@ plugin knows it was asked, per process type:
   ``vllm_lookahead.LookaheadProposer`` inside the worker only when an engine is configured with it
   (``custom_class_proposer.create_custom_proposer``); ``LookaheadProposer.__init__`` then checks the
   vLLM version and applies its worker patches (``runner_sample``, the 2D hooks when ``layout="2d"``,
-  the CPU expand fix when its probe finds the kernel broken).  Frontend and EngineCore need nothing.
+  the CPU expand fix when its probe finds the kernel broken).
+* lookahead (engine half) -- only in the EngineCore process of an engine that drafts with a proposer of
+  this package on the multiprocess executor: ``register()`` is called from ``EngineCore.__init__``, whose
+  ``vllm_config`` it reads (``_engine_config``), and installs ``draft_reply``'s engine patches (a step's
+  drafts come back with its sampled tokens: one RPC per step less).  Any other engine: nothing.
 * telemetry (frontend half) -- on when ``VLLM_LOOKAHEAD_TELEMETRY=1`` (environment, inherited by every
   process vLLM spawns); only the frontend process installs hooks (``telemetry.frontend``: EngineCore and
   workers are recognised by vLLM's process names), after the version check.
-Anything else: ``register()`` returns after one environment lookup (tested: no patch applied, patched
-functions identical, also with a vLLM version outside the supported range).
+Anything else: ``register()`` routes this package's log records to vLLM's handlers, looks at two stack
+frames and one environment variable, and returns (tested: no patch applied, patched functions
+identical, also with a vLLM version outside the supported range).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+from typing import Any
 
 logger = logging.getLogger("vllm_lookahead")
 _registered = False
@@ -35,9 +42,52 @@ def telemetry_requested(env: dict[str, str] | None = None) -> bool:
     return value not in ("", "0", "false", "no", "off")
 
 
+def _engine_config() -> Any:
+    """The ``VllmConfig`` of the engine whose ``EngineCore.__init__`` is loading the plugins right now
+    (vLLM 0.32 calls ``load_general_plugins()`` there, and ``register()`` from it), else None.  Why a
+    frame: ``register()`` takes no arguments, and the EngineCore is a spawned process that inherits
+    nothing from the frontend's configuration but this object."""
+    frame = sys._getframe(1)
+    for _ in range(4):
+        frame = frame.f_back if frame is not None else None
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "__init__":
+            config = frame.f_locals.get("vllm_config")
+            if type(config).__name__ == "VllmConfig":
+                return config
+    return None
+
+
+def log_through_vllm() -> None:
+    """Send this package's log records (``vllm_lookahead``) to vLLM's handlers at vLLM's level, so that
+    what the plugin finds and applies in each process (version, fixes, patches) appears in the server's
+    log beside vLLM's own lines.  Only our logger is touched, once."""
+    ours, theirs = logging.getLogger("vllm_lookahead"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.level)
+    ours.propagate = False
+
+
 def register() -> None:
     global _registered
-    if _registered or not telemetry_requested():
+    if _registered:
+        return
+    log_through_vllm()
+    config = _engine_config()
+    if config is not None:
+        from vllm_lookahead.vllm import draft_reply
+
+        if draft_reply.applies(config):
+            from vllm_lookahead.vllm.version import check_vllm_version
+
+            check_vllm_version()  # (outside the range the worker refuses the engine with this same error)
+            draft_reply.install_engine()
+            logger.info("vllm-lookahead: drafts return with the sampled tokens (draft_reply: one RPC per step less)")
+    if not telemetry_requested():
         return
     _registered = True
     # An exception here aborts vLLM's start-up on purpose: telemetry that was asked for and cannot run

@@ -32,7 +32,7 @@ import numpy as np
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
 
-from . import coupled_verify, greedy_verify
+from . import coupled_verify, draft_reply, greedy_verify
 from .fixes import apply_tool_fixes, fix_cpu_expand_if_broken, fix_seeded_chunked_prefill_if_broken
 from .plain_steps import install_plain_steps
 from .runner_patch import install_runner_hook
@@ -88,6 +88,14 @@ def isolation_key(req: Any) -> tuple[Any, Any]:
     return (lora_id, None if tenant is None else str(tenant))
 
 
+def request_temperature(req: Any) -> float:
+    """A request's sampling temperature (0: greedy; a request without sampling parameters is greedy):
+    the drafter estimates its drafts with the acceptance of its sampler class (``core.acceptance``)."""
+    params = getattr(req, "sampling_params", None)
+    temperature = getattr(params, "temperature", None)
+    return 0.0 if temperature is None else float(temperature)
+
+
 class LookaheadProposer:
     def __init__(self, vllm_config: Any):
         # The plugin is used here (vLLM loaded this class in the worker): check the vLLM range, apply
@@ -100,6 +108,8 @@ class LookaheadProposer:
         install_runner_hook()
         install_plain_steps()  # steps without drafts skip vLLM's rejection sampler (plain_steps.py)
         install_worker_cover()  # logit bias / min-p processors exist with speculation (sampling_cover.py)
+        if draft_reply.applies(vllm_config):  # drafts return with the sampled tokens: one RPC less per step
+            draft_reply.install_worker()
         logger.info("vllm-lookahead: %s", fix_cpu_expand_if_broken())
         # a seeded request in chunked prefill must not kill a CPU engine (fixes.py, probe on the device)
         device = getattr(getattr(vllm_config, "device_config", None), "device", None) or "cpu"
@@ -262,4 +272,5 @@ class LookaheadProposer:
         for i in self._cover.undraftable_rows(runner.input_batch, len(req_ids)):
             room[i] = 0
         return self.drafter.step_arrays(req_ids, token_ids_cpu, num_tokens_no_spec, sampled_token_ids, verified,
-                                        prompt_lens, lambda rid: isolation_key(requests.get(rid)), room)
+                                        prompt_lens, lambda rid: isolation_key(requests.get(rid)), room,
+                                        lambda rid: request_temperature(requests.get(rid)))
