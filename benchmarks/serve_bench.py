@@ -15,6 +15,9 @@ having seen the answer.  Concurrency ``all`` = every request at once (saturation
         --methods none,lookahead:k=8,ngram:k=8,suffix:k=8 --max-concurrency 1,8,32,all \\
         --temperatures 0,0.7,1.0 --repeats 3 --json benchmarks/results/serve_bench_open.json
 
+``--prompts 'open copy@1'`` adds copy-heavy cells at concurrency 1 to the same servers (each set its own
+prompts, a cell per set x concurrency x temperature).
+
 Writes one JSON: the command, per (repeat, method, concurrency, temperature) the output tokens/s,
 TPOT and TTFT (median and p99, ms) with ratios to ``none`` of the same repeat and cell, and per
 (method, concurrency, temperature) their median with min/max over the repeats.
@@ -60,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF model directory (default: the bundled demo model)")
     ap.add_argument("--prompts", default="open",
-                    help="open | copy | mixed (held-out stdlib test/ code) or a JSONL file with a 'prompt' field")
+                    help="prompt sets, space separated, each open | copy | mixed (held-out stdlib test/ code) or a "
+                         "JSONL file with a 'prompt' field, optionally @CONC+CONC to run it at those concurrencies "
+                         "only (e.g. 'open copy@1+8'); default open"),
     ap.add_argument("--n", type=int, default=64, help="requests per (concurrency, temperature) cell (default 64)")
     ap.add_argument("--methods", default=f"none,{DEFAULT_DECODER},ngram:k=8,suffix:k=8",
                     help="decoder SPECs, comma separated (docs/gate.md); the first must be none")
@@ -93,6 +98,17 @@ def parse_concurrency(text: str) -> list[int | None]:
             out.append(int(piece))
         else:
             raise ValueError(f"--max-concurrency: {piece!r} is neither an integer >= 1 nor 'all'")
+    return out
+
+
+def parse_prompt_sets(text: str, concurrencies: list[int | None]) -> list[tuple[str, list[int | None]]]:
+    """``--prompts``: (prompt set, its concurrencies) per space-separated item ``SET[@CONC+CONC...]``."""
+    out = []
+    for item in text.split():
+        name, _, conc = item.partition("@")
+        out.append((name, parse_concurrency(conc.replace("+", ",")) if conc else concurrencies))
+    if not out:
+        raise ValueError("--prompts: no prompt set given")
     return out
 
 
@@ -158,14 +174,14 @@ def add_ratios(runs: list[dict[str, Any]]) -> None:
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (method, concurrency, temperature), in first-seen order: every SUMMARY_KEYS figure's
-    median, min, max and all values over the repeats (repeat order)."""
+    """Per (method, prompt set, concurrency, temperature), in first-seen order: every SUMMARY_KEYS
+    figure's median, min, max and all values over the repeats (repeat order)."""
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for r in sorted(runs, key=lambda r: r["repeat"]):
         cells.setdefault(_cell(r), []).append(r)
     out = []
-    for (method, conc, temp), reps in cells.items():
-        entry: dict[str, Any] = {"method": method, "max_concurrency": conc, "temperature": temp,
+    for (method, name, conc, temp), reps in cells.items():
+        entry: dict[str, Any] = {"method": method, "prompts": name, "max_concurrency": conc, "temperature": temp,
                                  "repeats": len(reps), "failed": sum(r.get("failed") or 0 for r in reps)}
         for key in SUMMARY_KEYS:
             vals = [r[key] for r in reps if r.get(key) is not None]
@@ -176,7 +192,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _cell(r: dict[str, Any], with_method: bool = True) -> tuple:
-    key = (r["max_concurrency"], r["temperature"])
+    key = (r.get("prompts"), r["max_concurrency"], r["temperature"])
     return ((r["method"], *key) if with_method else (r["repeat"], *key))
 
 
@@ -188,7 +204,8 @@ def describe(r: dict[str, Any]) -> str:
     """One run, with units, for the progress log."""
     def f(x: float | None, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
-    return (f"repeat {r['repeat']} {r['method']} concurrency {_conc(r['max_concurrency'])} T={r['temperature']}: "
+    return (f"repeat {r['repeat']} {r['method']} {r.get('prompts')} concurrency {_conc(r['max_concurrency'])} "
+            f"T={r['temperature']}: "
             f"{f(r['output_tokens_per_s'], '.1f')} tokens/s ({f(r.get('output_tokens_per_s_vs_none'), '.2f')}x none), "
             f"TPOT p50 {f(r['tpot_ms_median'], '.1f')} ms, TTFT p50 {f(r['ttft_ms_median'], '.1f')} ms, "
             f"{r['completed']} requests, {r['failed']} failed")
@@ -197,28 +214,28 @@ def describe(r: dict[str, Any]) -> str:
 def print_summary(summary: list[dict[str, Any]]) -> None:
     def mr(d: dict[str, float] | None, fmt: str, unit: str) -> str:
         return "-" if d is None else f"{d['median']:{fmt}}{unit} [{d['min']:{fmt}}, {d['max']:{fmt}}]"
-    print(f"{'method':<24}{'conc.':>6}{'T':>5}{'tokens/s median [min, max]':>30}{'x none [min, max]':>26}"
+    print(f"{'method':<24}{'prompts':>8}{'conc.':>6}{'T':>5}{'tokens/s median [min, max]':>30}{'x none [min, max]':>26}"
           f"{'TPOT p50 ms [min, max]':>28}{'TTFT p50 ms [min, max]':>30}")
     for e in summary:
-        print(f"{e['method']:<24}{_conc(e['max_concurrency']):>6}{e['temperature']:>5}"
+        print(f"{e['method']:<24}{str(e.get('prompts'))[:8]:>8}{_conc(e['max_concurrency']):>6}{e['temperature']:>5}"
               f"{mr(e['output_tokens_per_s'], '.1f', ''):>30}{mr(e['output_tokens_per_s_vs_none'], '.2f', 'x'):>26}"
               f"{mr(e['tpot_ms_median'], '.2f', ''):>28}{mr(e['ttft_ms_median'], '.1f', ''):>30}")
 
 
-def load_cells(args: argparse.Namespace, model: str, n_cells: int) -> list[str]:
-    """``n_cells`` x ``--n`` distinct prompts (one slice per cell) that fit the context with room for
-    the output and a draft."""
+def load_cells(args: argparse.Namespace, model: str, name: str, n_cells: int) -> list[str]:
+    """``n_cells`` x ``--n`` distinct prompts of set ``name`` (one slice per cell) that fit the context
+    with room for the output and a draft."""
     from transformers import AutoTokenizer
 
     from vllm_lookahead.bench import load_prompts
 
     want = n_cells * args.n
-    prompts = load_prompts(args.prompts, 2 * want, args.seed)
+    prompts = load_prompts(name, 2 * want, args.seed)
     tok = AutoTokenizer.from_pretrained(model)
     room = args.max_model_len - args.max_tokens - 24
     prompts = [p for p in prompts if len(tok(p).input_ids) <= room][:want]
     if len(prompts) < want:
-        raise ValueError(f"{args.prompts}: {len(prompts)} prompts fit, {n_cells} cells x --n {args.n} = {want} needed")
+        raise ValueError(f"{name}: {len(prompts)} prompts fit, {n_cells} cells x --n {args.n} = {want} needed")
     return prompts
 
 
@@ -235,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         concurrencies, temperatures = parse_concurrency(args.max_concurrency), parse_temperatures(args.temperatures)
         if specs[0].kind != "none" or args.repeats < 1 or args.n < 1:
             raise ValueError("the first method must be none (the ratios' reference); --repeats and --n >= 1")
-        cells = [(c, t) for t in temperatures for c in concurrencies]
-        prompts = load_cells(args, model, len(cells))
+        sets = parse_prompt_sets(args.prompts, concurrencies)
+        cells = [(name, c, t) for name, concs in sets for t in temperatures for c in concs]
+        prompts = [p for name, _ in sets
+                   for p in load_cells(args, model, name, sum(1 for cell in cells if cell[0] == name))]
     except (SpecError, ValueError, OSError) as e:
         print(f"serve_bench: {e}", file=sys.stderr)
         return 2
@@ -261,10 +280,11 @@ def main(argv: list[str] | None = None) -> int:
             before = _load()
             try:
                 run_client(client_argv(server.url, model, warm, 2, 1, 0.0, args), work / "client.log")
-                for (conc, temp), data in zip(cells, datasets):
-                    bar.set_postfix_str(f"{spec.text} concurrency {_conc(conc)} T={temp}")
+                for (name, conc, temp), data in zip(cells, datasets):
+                    bar.set_postfix_str(f"{spec.text} {name} concurrency {_conc(conc)} T={temp}")
                     got = run_client(client_argv(server.url, model, data, args.n, conc, temp, args), work / "client.log")
-                    runs.append({"repeat": rep, "method": spec.text, "max_concurrency": conc, "temperature": temp, **got})
+                    runs.append({"repeat": rep, "method": spec.text, "prompts": name, "max_concurrency": conc,
+                                 "temperature": temp, **got})
                     bar.update(1)
             finally:
                 server.stop()

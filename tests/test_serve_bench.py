@@ -77,6 +77,21 @@ def test_ratios_pair_the_same_repeat_and_cell_and_summary_spans_repeats():
 
 
 @pytest.mark.unit
+def test_prompt_sets_have_their_own_cells_and_concurrencies():
+    """``--prompts 'open copy@1+all'``: open at every --max-concurrency, copy at 1 and saturation only;
+    a copy cell's ratio pairs with none's copy cell, never with open's at the same concurrency."""
+    assert sb.parse_prompt_sets("open copy@1+all", [1, 8]) == [("open", [1, 8]), ("copy", [1, None])]
+    with pytest.raises(ValueError):
+        sb.parse_prompt_sets("  ", [1])
+    runs = [{**_run(1, "none", 100.0, 10.0, conc=1), "prompts": "open"}, {**_run(1, "la", 90.0, 11.0, conc=1), "prompts": "open"},
+            {**_run(1, "none", 50.0, 20.0, conc=1), "prompts": "copy"}, {**_run(1, "la", 150.0, 7.0, conc=1), "prompts": "copy"}]
+    sb.add_ratios(runs)
+    assert [r["output_tokens_per_s_vs_none"] for r in runs if r["method"] == "la"] == pytest.approx([0.9, 3.0])
+    assert [(e["method"], e["prompts"]) for e in sb.summarize(runs)] == [("none", "open"), ("la", "open"),
+                                                                          ("none", "copy"), ("la", "copy")]
+
+
+@pytest.mark.unit
 def test_first_method_must_be_none(capsys):
     assert sb.main(["--methods", "lookahead:k=8,none"]) == 2
     assert "first method must be none" in capsys.readouterr().err

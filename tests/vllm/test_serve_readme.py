@@ -137,6 +137,9 @@ def test_readme_serve_command_is_lossless_with_the_openai_client(demo_model, rea
     assert accepted > 0, "the lookahead server never accepted a draft: the comparison would prove nothing"
     log = servers["lookahead"].log.read_text(errors="replace")
     assert "dtype=torch.float32" in log, "float32 default of `vllm-lookahead serve` not in force"
+    # the drafts came back with the sampled tokens (draft_reply.py), in the EngineCore of the lookahead server only
+    assert any("EngineCore" in ln and "drafts return with the sampled tokens" in ln for ln in log.splitlines()), log[-3000:]
+    assert "drafts return with the sampled tokens" not in servers["none"].log.read_text(errors="replace")
 
 
 # ---- issue 55: every sampling field a plain server serves, the lookahead server serves ---------------
