@@ -18,9 +18,9 @@ having seen the answer.  Concurrency ``all`` = every request at once (saturation
 ``--prompts 'open copy@1'`` adds copy-heavy cells at concurrency 1 to the same servers (each set its own
 prompts, a cell per set x concurrency x temperature).
 
-Writes one JSON: the command, per (repeat, method, concurrency, temperature) the output tokens/s,
-TPOT and TTFT (median and p99, ms) with ratios to ``none`` of the same repeat and cell, and per
-(method, concurrency, temperature) their median with min/max over the repeats.
+Writes one JSON: the command, per (repeat, method, prompt set, concurrency, temperature) the output
+tokens/s, TPOT and TTFT (median and p99, ms) with ratios to ``none`` of the same repeat and cell, and per
+(method, prompt set, temperature) and concurrency their median with min/max over the repeats.
 """
 
 from __future__ import annotations
@@ -174,21 +174,23 @@ def add_ratios(runs: list[dict[str, Any]]) -> None:
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (method, prompt set, concurrency, temperature), in first-seen order: every SUMMARY_KEYS
-    figure's median, min, max and all values over the repeats (repeat order)."""
+    """Per (method, prompt set, temperature), in first-seen order, one record with ``by_concurrency``
+    ("1", "8", ..., "all"): every SUMMARY_KEYS figure's median, min, max and all values over the repeats
+    (repeat order).  One record per row of a README table (tests/test_results_provenance.py)."""
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for r in sorted(runs, key=lambda r: r["repeat"]):
         cells.setdefault(_cell(r), []).append(r)
-    out = []
+    out: dict[tuple, dict[str, Any]] = {}
     for (method, name, conc, temp), reps in cells.items():
-        entry: dict[str, Any] = {"method": method, "prompts": name, "max_concurrency": conc, "temperature": temp,
-                                 "repeats": len(reps), "failed": sum(r.get("failed") or 0 for r in reps)}
+        entry = out.setdefault((method, name, temp), {"method": method, "prompts": name, "temperature": temp,
+                                                      "by_concurrency": {}})
+        figures: dict[str, Any] = {"repeats": len(reps), "failed": sum(r.get("failed") or 0 for r in reps)}
         for key in SUMMARY_KEYS:
             vals = [r[key] for r in reps if r.get(key) is not None]
-            entry[key] = ({"median": float(np.median(vals)), "min": float(min(vals)), "max": float(max(vals)),
-                           "all": [float(v) for v in vals]} if vals else None)
-        out.append(entry)
-    return out
+            figures[key] = ({"median": float(np.median(vals)), "min": float(min(vals)), "max": float(max(vals)),
+                             "all": [float(v) for v in vals]} if vals else None)
+        entry["by_concurrency"][_conc(conc)] = figures
+    return list(out.values())
 
 
 def _cell(r: dict[str, Any], with_method: bool = True) -> tuple:
@@ -217,9 +219,10 @@ def print_summary(summary: list[dict[str, Any]]) -> None:
     print(f"{'method':<24}{'prompts':>8}{'conc.':>6}{'T':>5}{'tokens/s median [min, max]':>30}{'x none [min, max]':>26}"
           f"{'TPOT p50 ms [min, max]':>28}{'TTFT p50 ms [min, max]':>30}")
     for e in summary:
-        print(f"{e['method']:<24}{str(e.get('prompts'))[:8]:>8}{_conc(e['max_concurrency']):>6}{e['temperature']:>5}"
-              f"{mr(e['output_tokens_per_s'], '.1f', ''):>30}{mr(e['output_tokens_per_s_vs_none'], '.2f', 'x'):>26}"
-              f"{mr(e['tpot_ms_median'], '.2f', ''):>28}{mr(e['ttft_ms_median'], '.1f', ''):>30}")
+        for conc, f in e["by_concurrency"].items():
+            print(f"{e['method']:<24}{str(e.get('prompts'))[:8]:>8}{conc:>6}{e['temperature']:>5}"
+                  f"{mr(f['output_tokens_per_s'], '.1f', ''):>30}{mr(f['output_tokens_per_s_vs_none'], '.2f', 'x'):>26}"
+                  f"{mr(f['tpot_ms_median'], '.2f', ''):>28}{mr(f['ttft_ms_median'], '.1f', ''):>30}")
 
 
 def load_cells(args: argparse.Namespace, model: str, name: str, n_cells: int) -> list[str]:

@@ -17,6 +17,11 @@ Every figure printed is a value of that file (medians, minima and maxima over it
 
 The blocks are delimited by ``<!-- table:begin -->`` and ``<!-- table:end -->`` (README.md: the short
 form; benchmarks/results/README.md: with the commands and code versions).
+
+A second block, ``<!-- served:begin -->`` ... ``<!-- served:end -->``, is the served comparison: per model,
+the newest ``benchmarks/serve_bench.py`` JSON (vLLM's own client against ``vllm-lookahead serve``) with
+``none`` first and at least 3 repeats -- one row per prompt set, temperature and method, tokens/s over
+``none``'s of the same repeat at each client concurrency.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = {ROOT / "README.md": False, RESULTS / "README.md": True}  # path -> detailed block
 BEGIN, END = "<!-- table:begin -->", "<!-- table:end -->"
+SERVED_BEGIN, SERVED_END = "<!-- served:begin -->", "<!-- served:end -->"
+SERVE_CLIENT = "vllm.benchmarks.serve (vllm bench serve)"
 BATCHES = ("1", "8", "32")
 PROMPT_ORDER = ("open", "copy")
 sys.path.insert(0, str(ROOT))
@@ -87,22 +94,29 @@ def prompt_set(data: dict) -> str:
     return prompts if model == "demo-code-4l" else f"{model}, {prompts}"
 
 
-def select(results: Path = RESULTS) -> dict[str, tuple[str, dict]]:
-    """Prompt set -> (file name, data) of the newest qualifying JSON."""
+def _newest(results: Path, qualify: object, key_of: object) -> dict[str, tuple[str, dict]]:
+    """key -> (file name, data) of the newest JSON (its ``time``) for which ``qualify(data)`` holds, per
+    ``key_of(data)``."""
     best: dict[str, tuple[str, str, dict]] = {}
     for path in sorted(results.glob("*.json")):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not qualifies(data):
+        if not qualify(data):  # type: ignore[operator]
             continue
-        key = prompt_set(data)
+        key = key_of(data)  # type: ignore[operator]
         stamp = str(data.get("time", ""))
         if key not in best or stamp > best[key][0]:
             best[key] = (stamp, path.name, data)
+    return {k: (v[1], v[2]) for k, v in best.items()}
+
+
+def select(results: Path = RESULTS) -> dict[str, tuple[str, dict]]:
+    """Prompt set -> (file name, data) of the newest qualifying JSON."""
+    best = _newest(results, qualifies, prompt_set)
     order = [p for p in PROMPT_ORDER if p in best] + sorted(p for p in best if p not in PROMPT_ORDER)
-    return {p: (best[p][1], best[p][2]) for p in order}
+    return {p: best[p] for p in order}
 
 
 def _x(v: float) -> str:
@@ -167,22 +181,74 @@ def table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(text: str, block: str) -> str:
-    pat = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
+def served_qualifies(data: object) -> bool:
+    """A serve_bench JSON (vLLM's client) with >= 3 repeats, ``none`` first, summary records per concurrency."""
+    summary = data.get("summary") if isinstance(data, dict) else None
+    return (isinstance(summary, list) and bool(summary) and data.get("client") == SERVE_CLIENT  # type: ignore[union-attr]
+            and (data.get("repeats") or 0) >= 3 and summary[0].get("method") == "none"  # type: ignore[union-attr]
+            and all("by_concurrency" in e for e in summary))
+
+
+def served_select(results: Path = RESULTS) -> dict[str, tuple[str, dict]]:
+    """Model -> (file name, data) of the newest qualifying serve_bench JSON."""
+    best = _newest(results, served_qualifies, lambda d: Path(str(d.get("model") or "demo-code-4l")).name)
+    return dict(sorted(best.items()))
+
+
+def _mmx(d: dict | None, ratio: bool) -> str:
+    if d is None:
+        return "-"
+    return (f"{_x(d['median'])} [{_x(d['min'])}, {_x(d['max'])}]" if ratio else f"{d['median']:.0f}")
+
+
+def served_table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
+    if not sources:
+        return "No qualifying serve_bench result in benchmarks/results/ (see scripts/gen_readme_table.py).\n"
+    lines = []
+    for model, (name, data) in sources.items():
+        summary = data["summary"]
+        concs = list(summary[0]["by_concurrency"])
+        lines += [f"| {model}, prompts, T (file) | method | tokens/s vs `none` of the same repeat, median [min, max]: "
+                  f"client concurrency {' / '.join(concs)} |", "|---|---|---|"]
+        order = sorted(summary, key=lambda e: (str(e.get("prompts")), e["temperature"]))
+        for e in order:
+            by = e["by_concurrency"]
+            if e["method"] == "none":
+                cells = " / ".join(_mmx(by[c]["output_tokens_per_s"], False) if c in by else "-" for c in concs)
+                cells += " tokens/s"
+            else:
+                cells = " / ".join(_mmx(by[c]["output_tokens_per_s_vs_none"], True) if c in by else "-" for c in concs)
+            shown = f"**{e['method']}**" if e["method"].startswith("lookahead") else e["method"]
+            lines.append(f"| {e.get('prompts')}, T={e['temperature']} (`{name}`) | {shown} | {cells} |")
+        lines.append("")
+        line = (f"- {model} (`{name}`): {data.get('requests_per_cell')} requests per cell (a server never sees a "
+                f"prompt twice), at most {data.get('max_tokens')} tokens each, float32, {data.get('repeats')} "
+                f"repeats with the methods' servers interleaved; concurrency all = every request at once.")
+        lines.append(line)
+        if detailed:
+            code = data.get("code") or {}
+            lines.append(f"  Taken {data.get('time')} on {(data.get('machine') or {}).get('cpu_count')} CPU cores, "
+                         f"code `{str(code.get('commit', '?'))[:7]}`{' (dirty)' if code.get('dirty') else ''}:")
+            lines.append(f"  `{data['command']}`")
+    return "\n".join(lines) + "\n"
+
+
+def render(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    pat = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
     if not pat.search(text):
-        raise SystemExit(f"markers {BEGIN} ... {END} not found")
-    return pat.sub(lambda _m: f"{BEGIN}\n{block}{END}", text, count=1)
+        raise SystemExit(f"markers {begin} ... {end} not found")
+    return pat.sub(lambda _m: f"{begin}\n{block}{end}", text, count=1)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a marked block is out of date")
     args = ap.parse_args(argv)
-    sources = select()
+    sources, served = select(), served_select()
     stale = []
     for path, detailed in TARGETS.items():
         text = path.read_text()
-        new = render(text, table(sources, detailed))
+        new = render(render(text, table(sources, detailed)), served_table(served, detailed), SERVED_BEGIN, SERVED_END)
         if new != text:
             if args.check:
                 stale.append(str(path.relative_to(ROOT)))
@@ -191,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print("out of date (run python scripts/gen_readme_table.py): " + ", ".join(stale), file=sys.stderr)
         return 1
-    print("sources: " + ", ".join(f"{p}={n}" for p, (n, _d) in sources.items()))
+    print("sources: " + ", ".join(f"{p}={n}" for p, (n, _d) in {**sources, **served}.items()))
     return 0
 
 

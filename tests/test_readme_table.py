@@ -56,3 +56,35 @@ def test_a_peer_or_lookahead_at_another_k_runs_beside_the_four_rows() -> None:
     assert [r["method"] for r in gen.headline(other_k)] == ["none", "ngram:k=8", "suffix:k=8", "lookahead:k=8"]
     assert gen.prompt_set(data) == "smollm2-135m-instruct, real_chat"
     assert gen.prompt_set({"prompts": "open", "model": "/w/models/demo-code-4l"}) == "open"
+
+
+@pytest.mark.parametrize("path", list(gen.TARGETS), ids=lambda p: str(p.relative_to(ROOT)))
+def test_served_block_equals_the_generated_table(path: Path) -> None:
+    text = path.read_text()
+    assert text == gen.render(text, gen.served_table(gen.served_select(), gen.TARGETS[path]), gen.SERVED_BEGIN,
+                              gen.SERVED_END), f"{path.relative_to(ROOT)}: the served block is out of date"
+
+
+def test_served_table_takes_serve_bench_files_with_three_repeats_and_none_first(tmp_path: Path) -> None:
+    """A serve_bench file qualifies with vLLM's client, >= 3 repeats and `none` first; each row shows one
+    summary record (method, prompt set, temperature) at every concurrency: none in tokens/s, others as
+    ratios to none."""
+    import json
+
+    def rec(method: str, temp: float, tps: float, ratio: float) -> dict:
+        fig = {"output_tokens_per_s": {"median": tps, "min": tps, "max": tps},
+               "output_tokens_per_s_vs_none": {"median": ratio, "min": ratio - 0.1, "max": ratio + 0.1}}
+        return {"method": method, "prompts": "open", "temperature": temp, "by_concurrency": {"1": fig, "all": fig}}
+
+    data = {"client": gen.SERVE_CLIENT, "repeats": 3, "model": "/m/demo-code-4l", "time": "t", "command": "c",
+            "requests_per_cell": 24, "max_tokens": 96,
+            "summary": [rec("none", 0.7, 250.0, 1.0), rec("lookahead:k=8", 0.7, 260.0, 1.04)]}
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    (tmp_path / "b.json").write_text(json.dumps({**data, "repeats": 2, "time": "u"}))
+    sources = gen.served_select(tmp_path)
+    assert list(sources) == ["demo-code-4l"] and sources["demo-code-4l"][0] == "a.json"
+    table = gen.served_table(sources, detailed=False)
+    assert "| open, T=0.7 (`a.json`) | none | 250 / 250 tokens/s |" in table
+    assert "| open, T=0.7 (`a.json`) | **lookahead:k=8** | 1.04x [0.94x, 1.14x] / 1.04x [0.94x, 1.14x] |" in table
+    (tmp_path / "a.json").write_text(json.dumps({**data, "summary": data["summary"][::-1]}))
+    assert gen.served_select(tmp_path) == {}

@@ -67,13 +67,15 @@ def test_ratios_pair_the_same_repeat_and_cell_and_summary_spans_repeats():
     for rep in (1, 2, 3):
         sb.add_ratios([r for r in runs if r["repeat"] == rep])
     assert [r["output_tokens_per_s_vs_none"] for r in runs if r["method"] == "la"] == pytest.approx([2.0, 1.8, 1.6, 1.1])
-    summary = {(e["method"], e["max_concurrency"]): e for e in sb.summarize(runs)}
-    la = summary[("la", 8)]
+    summary = {(e["method"], conc): f for e in sb.summarize(runs) for conc, f in e["by_concurrency"].items()}
+    assert [(e["method"], list(e["by_concurrency"])) for e in sb.summarize(runs)] == [("none", ["8", "all"]),
+                                                                                    ("la", ["8", "all"])]
+    la = summary[("la", "8")]
     assert la["repeats"] == 3 and la["output_tokens_per_s"]["all"] == [200.0, 90.0, 160.0]
     assert la["output_tokens_per_s_vs_none"]["median"] == pytest.approx(1.8)
     assert (la["output_tokens_per_s_vs_none"]["min"], la["output_tokens_per_s_vs_none"]["max"]) == pytest.approx((1.6, 2.0))
     assert la["tpot_vs_none"]["median"] == pytest.approx(0.55)
-    assert summary[("la", None)]["repeats"] == 1 and summary[("none", 8)]["output_tokens_per_s_vs_none"]["all"] == [1.0] * 3
+    assert summary[("la", "all")]["repeats"] == 1 and summary[("none", "8")]["output_tokens_per_s_vs_none"]["all"] == [1.0] * 3
 
 
 @pytest.mark.unit
