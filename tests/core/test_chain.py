@@ -435,7 +435,7 @@ def test_guard_off_steps_skip_the_upkeep_and_lose_nothing():
     when it is back on, the tokens committed meanwhile are scanned (context match) and stored (memory)."""
     d = LookaheadDrafter(LookaheadConfig(chain_min_p=0.0), 4)
     mode = ["chain"]
-    d._guard = lambda live, counts: mode[0]  # fault injection: the guard's verdict, not its timing, is under test
+    d._guard = lambda live, counts, sampled=False: mode[0]  # fault injection: the guard's verdict, not its timing, is under test
     ctx = [900, 901]
     d.step([RowStep("r", ctx, 2, [901], prompt_len=1)])
     seen = int(d.batch.seen[d.batch.active["r"]])

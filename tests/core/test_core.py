@@ -177,7 +177,7 @@ def _periodic(i: int, pos: int) -> int:
 
 
 def _guarded_run(step_cost, steps: int = 200, batch: int = 32, truth=_periodic,
-                 drafter: LookaheadDrafter | None = None) -> list[int]:
+                 drafter: LookaheadDrafter | None = None, temperature: float = 0.0) -> list[int]:
     """Drive the drafter at a busy batch with a fake clock: every step each row commits the longest
     prefix of its draft that matches ``truth(row, position)`` plus the model's next token, and a step
     takes ``step_cost(draft_rows)`` seconds.  Returns the draft tokens of every step."""
@@ -185,7 +185,8 @@ def _guarded_run(step_cost, steps: int = 200, batch: int = 32, truth=_periodic,
     now = [0.0]
     d.clock = lambda: now[0]
     ctxs = [[truth(i, j) for j in range(24)] for i in range(batch)]
-    drafts = d.step([RowStep(f"r{i}", c, len(c), [c[-1]], prompt_len=23) for i, c in enumerate(ctxs)])
+    drafts = d.step([RowStep(f"r{i}", c, len(c), [c[-1]], prompt_len=23, temperature=temperature)
+                     for i, c in enumerate(ctxs)])
     made = []
     for _ in range(steps):
         n_draft = sum(len(x) for x in drafts)
@@ -202,7 +203,7 @@ def _guarded_run(step_cost, steps: int = 200, batch: int = 32, truth=_periodic,
                 c.append(t)
             new.append(truth(i, len(c)))
             c.append(new[-1])
-            rows.append(RowStep(f"r{i}", c, len(c), new, len(dr), 23))
+            rows.append(RowStep(f"r{i}", c, len(c), new, len(dr), 23, temperature=temperature))
         drafts = d.step(rows)
     return made
 
@@ -228,7 +229,19 @@ def test_busy_batch_guard_stops_drafting_where_plain_decoding_is_faster():
     d.step(rows)
     d.step(rows + [RowStep("new", [1, 2, 3], 3, [3], prompt_len=2)])
     d.step(rows[:5] + [RowStep(f"r{i}", [1, 2, 3], 3, [], prompt_len=2) for i in range(5, 20)])
-    assert sum(s["steps"] for s in d.guards[32].summary().values()) == 0
+    assert sum(s["steps"] for s in d.guards[(32, False)].summary().values()) == 0
+
+
+def test_a_sampled_batch_is_guarded_at_any_size():
+    """A batch with a request at T > 0 is guarded at every batch size (with the measured floor): where
+    its draft rows cost more than they return it drafts nothing but the re-tries, where they pay it
+    keeps drafting; the same greedy batch of 2 is not guarded (it drafts however slow the step)."""
+    expensive = _guarded_run(lambda n: 0.010 + 0.02 * n, batch=2, temperature=0.8)[40:]
+    assert sum(1 for n in expensive if n > 0) <= len(expensive) // 10, expensive
+    cheap = _guarded_run(lambda n: 0.010 + 0.00001 * n, batch=2, temperature=0.8)
+    assert sum(1 for n in cheap if n == 0) <= 8 + 2 * (len(cheap) // 64 + 1), cheap
+    greedy = _guarded_run(lambda n: 0.010 + 0.02 * n, steps=60, batch=2)
+    assert all(n > 0 for n in greedy[1:]), greedy
 
 
 def test_compiled_kernels_work_where_numba_cannot_cache():

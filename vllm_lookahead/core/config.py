@@ -192,7 +192,8 @@ class LookaheadConfig:
     guard_batch_size: int = 16
     """Above this many running requests a guard per batch-size bucket (17-32, 33-64, ...) times the
     engine's own steps with drafts and without, and runs whichever serves more tokens/s (a loser is
-    re-tried 2 steps in 64).  Lower it where a batch of this size is compute-bound.  Default 16."""
+    re-tried 2 steps in 64).  With ``measured_floor`` a batch with a request sampling at T > 0 is guarded
+    at any size.  Lower it where a batch of this size is compute-bound.  Default 16."""
     plain_steps_without_drafts: bool = True
     """A step in which no request has a draft runs vLLM's plain (non-speculative) path -- logits of the
     last positions and vLLM's sampler, as without speculation -- instead of the spec-decode path that

@@ -7,8 +7,9 @@ draft's verification is credited to the acceptance table and the request's histo
 enters the engine-wide output memory, and the best candidate of the two sources -- the context match
 (prompt lookup over prompt + output) and the output memory -- is drafted while its estimated commit
 probability stays above a floor (``chain_floor``) that rises with the batch, or is measured
-(``DraftRowPrice``).  Above ``guard_batch_size`` running requests a guard per batch-size bucket
-(``ThroughputArbiter``) times the engine's steps with drafts and without and runs the faster.
+(``DraftRowPrice``).  Above ``guard_batch_size`` running requests, and at any size for a batch with a
+request sampling at T > 0, a guard per batch-size bucket (``ThroughputArbiter``) times the engine's steps
+with drafts and without and runs the faster.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ class LookaheadDrafter:
         self.cfg = cfg
         self.k = num_speculative_tokens
         self.batch = BatchRows(self.k)  # per-request state, one slot per request
-        # the last batch (request ids in row order, their set, slots) while no row changed
-        self._batch_rows: tuple[list[str], set[str], list[int]] | None = None
+        # the last batch (request ids in row order, their set, slots, whether a row samples at T > 0) while
+        # no row changed
+        self._batch_rows: tuple[list[str], set[str], list[int], bool] | None = None
         self._floors: dict[tuple[int, str], float] = {}  # (rows, guard mode) -> floor
         self._floors_version = 0  # the row_price version the cached floors were made with
         self.memory = SuffixMemory(cfg.memory_tokens, cfg.memory_depth) if cfg.memory_tokens > 0 else None
@@ -119,10 +121,11 @@ class LookaheadDrafter:
         self._measure_price = cfg.measured_floor
         self._price_last: tuple[int, int, set[str], float] | None = None
         self.last_budget = 0  # draft tokens given to the batch in the last step
-        # above guard_batch_size: the guard's mode, measured per batch-size bucket
-        self.guards: dict[int, ThroughputArbiter] = {}
-        # (mode, bucket, start of the step, the ids of its rows)
-        self._guard_last: tuple[str, int, float, set[str]] | None = None
+        # above guard_batch_size, and at any size for a batch with a row at T > 0: the guard's mode, measured
+        # per (batch-size bucket, sampled)
+        self.guards: dict[tuple[int, bool], ThroughputArbiter] = {}
+        # (mode, guard key, start of the step, the ids of its rows)
+        self._guard_last: tuple[str, tuple[int, bool], float, set[str]] | None = None
 
     def step(self, rows: list[RowStep]) -> list[list[int]]:
         """``step_arrays`` for one ``RowStep`` per running request (simulations and tests): the next drafts,
@@ -218,19 +221,20 @@ class LookaheadDrafter:
         b = self.batch
         same = self._batch_rows
         if same is not None and req_ids == same[0]:
-            live, slots_l = same[1], same[2]
+            live, slots_l, sampled = same[1], same[2], same[3]
         else:
             self._batch_rows = None
             live, slots_l = set(req_ids), None
             b.retire(b.active.keys() - live, MAX_DORMANT_REQUESTS)
-        mode = self._guard(live, new_counts)
+            sampled = temperature_of is not None and any(sampler_class(temperature_of(rid)) for rid in req_ids)
+        mode = self._guard(live, new_counts, sampled)
         if slots_l is None:
             active = b.active
             slots_l = [active.get(rid, -1) for rid in req_ids]
             if -1 in slots_l and mode != "off":  # (in an "off" step requests not seen yet are not taken in)
                 self._admit(req_ids, slots_l, prompt_lens, key_of, temperature_of)
             if -1 not in slots_l:
-                self._batch_rows = (list(req_ids), live, slots_l)
+                self._batch_rows = (list(req_ids), live, slots_l, sampled)
         return mode, slots_l, live
 
     def _drafting_pays(self, counts: list[int], floor: float) -> bool:
@@ -313,32 +317,37 @@ class LookaheadDrafter:
         if self._measure_price:
             self._price_last = (rows, drafts, live, now)
 
-    def _guard(self, live: set[str], new_counts: list[int]) -> str:
+    def _guard(self, live: set[str], new_counts: list[int], sampled: bool = False) -> str:
         """The busy-batch guard: "chain" (draft as configured) or "off" for the next step.  The step just done is credited to the
         mode that made its drafts (committed tokens / time between two calls); above
-        ``guard_batch_size`` rows the arbiter of the batch's bucket (powers of two: 17-32 rows, 33-64, ...)
-        decides: every mode is measured first (interleaved, 8 steps each, or 4 when the best is then
+        ``guard_batch_size`` rows -- and, with ``measured_floor``, at any batch size when a row samples at
+        T > 0 (``sampled``) --
+        the arbiter of the batch's (bucket, sampled) key (powers of two: 17-32 rows, 33-64, ...)
+        decides.  Why at any size at T > 0: a sampled draft token is committed with the target's
+        probability of it, often a fraction of what a greedy one earns, and whether a T > 0 step's drafts
+        pay for their verification is a fact of the model, the sampler and the text that estimates can
+        misjudge; the arbiter measures it, so a sampled batch is never run in the slower mode for
+        long.  Greedy batches at or below ``guard_batch_size`` draft as before: every mode is measured first (interleaved, 8 steps each, or 4 when the best is then
         ahead by 1.25x), then a loser is re-tried 2 steps in 64, in turn -- a loser that keeps losing by
         1.25x or more ever more rarely, down to 2 in ``GUARD_MAX_RETRY_STEPS``.  Only pure decode steps
         are credited -- the rows now all ran in the step measured and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
         slow for reasons neither mode controls."""
-        if self._guard_last is None and len(new_counts) <= self.cfg.guard_batch_size:
+        guarded = (sampled and self._measure_price) or len(new_counts) > self.cfg.guard_batch_size
+        if self._guard_last is None and not guarded:
             return "chain"  # (no step to credit, none to time: not even the clock is read)
         now = self.clock()
         last, self._guard_last = self._guard_last, None
         if last is not None and live <= last[3] and all(new_counts):
             self.guards[last[1]].observe(last[0], sum(new_counts), now - last[2])
-        cfg = self.cfg
-        if len(new_counts) <= cfg.guard_batch_size or not any(new_counts):
+        if not guarded or not any(new_counts):
             return "chain"
-        bucket = batch_bucket(len(new_counts))
-        arbiter = self.guards.get(bucket)
+        key = (batch_bucket(len(new_counts)), sampled)
+        arbiter = self.guards.get(key)
         if arbiter is None:
-            arbiter = self.guards[bucket] = ThroughputArbiter(("chain", "off"), explore_every=64, explore_steps=2,
-                                                              warmup_steps=8,
-                                                              max_explore_every=GUARD_MAX_RETRY_STEPS)
+            arbiter = self.guards[key] = ThroughputArbiter(("chain", "off"), explore_every=64, explore_steps=2,
+                                                           warmup_steps=8, max_explore_every=GUARD_MAX_RETRY_STEPS)
         mode = arbiter.choose()
-        self._guard_last = (mode, bucket, now, live)
+        self._guard_last = (mode, key, now, live)
         return mode
 
     def chain_floor(self, batch: int) -> float:
@@ -376,4 +385,4 @@ class LookaheadDrafter:
                 "by_source": {k: {"drafted": d, "accepted": a} for k, (d, a) in sorted(by_source.items())},
                 "memory_tokens": len(self.memory) if self.memory is not None else 0,
                 "row_price": self.row_price.summary() if self._measure_price else None,
-                "guard": {str(b): a.summary() for b, a in self.guards.items()}}
+                "guard": {f"{b}{' sampled' if s else ''}": a.summary() for (b, s), a in self.guards.items()}}
