@@ -143,6 +143,14 @@ def _row(prompts: str, name: str, rec: dict) -> str:
     return f"| {prompts} (`{name}`) | {shown} | {speed} | {comp} | {exact} |"
 
 
+def provenance(data: dict) -> list[str]:
+    """The detailed block's lines under a file: when, where, which code, and its command."""
+    code = data.get("code") or {}
+    return [f"  Taken {data.get('time')} on {(data.get('machine') or {}).get('cpu_count')} CPU cores, "
+            f"code `{str(code.get('commit', '?'))[:7]}`{' (dirty)' if code.get('dirty') else ''}:",
+            f"  `{data['command']}`"]
+
+
 def table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
     lines = []
     if not sources:
@@ -174,10 +182,7 @@ def table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
                      + " at batch 1 / 8 / 32")
         lines.append(line + ".")
         if detailed:
-            code = data.get("code") or {}
-            lines.append(f"  Taken {data.get('time')} on {(data.get('machine') or {}).get('cpu_count')} CPU cores, "
-                         f"code `{str(code.get('commit', '?'))[:7]}`{' (dirty)' if code.get('dirty') else ''}:")
-            lines.append(f"  `{data['command']}`")
+            lines += provenance(data)
     return "\n".join(lines) + "\n"
 
 
@@ -226,10 +231,7 @@ def served_table(sources: dict[str, tuple[str, dict]], detailed: bool) -> str:
                 f"repeats with the methods' servers interleaved; concurrency all = every request at once.")
         lines.append(line)
         if detailed:
-            code = data.get("code") or {}
-            lines.append(f"  Taken {data.get('time')} on {(data.get('machine') or {}).get('cpu_count')} CPU cores, "
-                         f"code `{str(code.get('commit', '?'))[:7]}`{' (dirty)' if code.get('dirty') else ''}:")
-            lines.append(f"  `{data['command']}`")
+            lines += provenance(data)
     return "\n".join(lines) + "\n"
 
 
