@@ -321,15 +321,14 @@ class LookaheadDrafter:
         """The busy-batch guard: "chain" (draft as configured) or "off" for the next step.  The step just done is credited to the
         mode that made its drafts (committed tokens / time between two calls); above
         ``guard_batch_size`` rows -- and, with ``measured_floor``, at any batch size when a row samples at
-        T > 0 (``sampled``) --
-        the arbiter of the batch's (bucket, sampled) key (powers of two: 17-32 rows, 33-64, ...)
-        decides.  Why at any size at T > 0: a sampled draft token is committed with the target's
-        probability of it, often a fraction of what a greedy one earns, and whether a T > 0 step's drafts
-        pay for their verification is a fact of the model, the sampler and the text that estimates can
-        misjudge; the arbiter measures it, so a sampled batch is never run in the slower mode for
-        long.  Greedy batches at or below ``guard_batch_size`` draft as before: every mode is measured first (interleaved, 8 steps each, or 4 when the best is then
-        ahead by 1.25x), then a loser is re-tried 2 steps in 64, in turn -- a loser that keeps losing by
-        1.25x or more ever more rarely, down to 2 in ``GUARD_MAX_RETRY_STEPS``.  Only pure decode steps
+        T > 0 (``sampled``) -- the arbiter of the batch's (bucket, sampled) key (powers of two: 17-32 rows,
+        33-64, ...) decides: every mode is measured first (interleaved, 8 steps each, or 4 when the best is
+        then ahead by 1.25x), then a loser is re-tried 2 steps in 64, in turn -- a loser that keeps losing by
+        1.25x or more ever more rarely, down to 2 in ``GUARD_MAX_RETRY_STEPS``.  Greedy batches at or below
+        ``guard_batch_size`` always draft.  Why at any size at T > 0: a sampled draft token is committed
+        with the target's probability of it, often a fraction of what a greedy one earns, and whether a
+        T > 0 step's drafts pay for their verification depends on the model, the sampler and the text,
+        which estimates can misjudge; the arbiter measures it.  Only pure decode steps
         are credited -- the rows now all ran in the step measured and all committed tokens: a step that also prefilled a joining request (or a chunk of one) is
         slow for reasons neither mode controls."""
         guarded = (sampled and self._measure_price) or len(new_counts) > self.cfg.guard_batch_size
