@@ -17,7 +17,7 @@ plugin knows it was asked, per process type:
 * telemetry (frontend half) -- on when ``VLLM_LOOKAHEAD_TELEMETRY=1`` (environment, inherited by every
   process vLLM spawns); only the frontend process installs hooks (``telemetry.frontend``: EngineCore and
   workers are recognised by vLLM's process names), after the version check.
-Anything else: ``register()`` routes this package's log records to vLLM's handlers, looks at two stack
+Anything else: ``register()`` routes this package's log records to vLLM's handlers, looks at up to four stack
 frames and one environment variable, and returns (tested: no patch applied, patched functions
 identical, also with a vLLM version outside the supported range).
 """
