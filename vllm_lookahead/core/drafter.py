@@ -222,17 +222,19 @@ class LookaheadDrafter:
         same = self._batch_rows
         if same is not None and req_ids == same[0]:
             live, slots_l, sampled = same[1], same[2], same[3]
+            classes = None  # (slots known: nothing to admit)
         else:
             self._batch_rows = None
             live, slots_l = set(req_ids), None
             b.retire(b.active.keys() - live, MAX_DORMANT_REQUESTS)
-            sampled = temperature_of is not None and any(sampler_class(temperature_of(rid)) for rid in req_ids)
+            classes = [sampler_class(temperature_of(rid)) for rid in req_ids] if temperature_of is not None else None
+            sampled = bool(classes) and any(classes)
         mode = self._guard(live, new_counts, sampled)
         if slots_l is None:
             active = b.active
             slots_l = [active.get(rid, -1) for rid in req_ids]
             if -1 in slots_l and mode != "off":  # (in an "off" step requests not seen yet are not taken in)
-                self._admit(req_ids, slots_l, prompt_lens, key_of, temperature_of)
+                self._admit(req_ids, slots_l, prompt_lens, key_of, classes)
             if -1 not in slots_l:
                 self._batch_rows = (list(req_ids), live, slots_l, sampled)
         return mode, slots_l, live
@@ -284,9 +286,9 @@ class LookaheadDrafter:
                                      out_cell, out_pc, out_meta[0], out_meta[1], out_meta[2])
 
     def _admit(self, req_ids: list[str], slots: list[int], prompt_lens: np.ndarray,
-               key_of: Callable[[str], Hashable], temperature_of: Callable[[str], float | None] | None) -> None:
+               key_of: Callable[[str], Hashable], classes: list[int] | None) -> None:
         """Slots for the rows of ``req_ids`` without one (``slots[i]`` -1): a request back from the
-        dormant slots, or a new one."""
+        dormant slots, or a new one (in sampler class ``classes[i]``; None: greedy)."""
         b, memory = self.batch, self.memory
         for i, rid in enumerate(req_ids):
             if slots[i] >= 0:
@@ -294,7 +296,7 @@ class LookaheadDrafter:
             s = b.dormant.pop(rid, None)
             if s is None:
                 key = key_of(rid)
-                cls = 0 if temperature_of is None else sampler_class(temperature_of(rid))
+                cls = 0 if classes is None else classes[i]
                 s = b.new_slot(key, int(prompt_lens[i]), memory.kid_for(key) if memory is not None else -1,
                                memory.segment_length(rid) if memory is not None else 0, cls * CLASS_CELLS)
             b.active[rid] = slots[i] = s
