@@ -48,10 +48,10 @@ CONFORMANCE_DETECTORS = ("sampling_conformance", "impossible_tokens", "repeated_
 def _sample(row: dict, prompt: str, arm: str, method: str, i: int, args: argparse.Namespace) -> dict:
     ids = row["output_ids"]
     return {
-        "schema_version": "1.2", "request_id": f"{arm}-{i}", "trace_id": uuid.uuid4().hex,
+        "schema_version": "1.4", "request_id": f"{arm}-{i}", "trace_id": uuid.uuid4().hex,
         "span_id": uuid.uuid4().hex[:16],
         "time": {"arrival_unix_s": 1.8e9 + i, "finish_unix_s": 1.8e9 + i + 1},
-        "model": args.served_model, "deployment": {"arm": arm}, "decoder": {"method": method},
+        "model": args.served_model, "deployment": {"arm": arm}, "decoder": {"method": method, "dtype": args.dtype},
         "sampling": {"temperature": args.temperature, "top_p": 1.0, "top_k": -1, "max_tokens": args.max_tokens,
                      "n": 1, "min_tokens": 0},
         "prompt": {"text": prompt, "sha256": hashlib.sha256(prompt.encode()).hexdigest(), "redacted": False},
@@ -92,7 +92,8 @@ def produce(spec: str, label: str, sink: str, args: argparse.Namespace) -> None:
 
     model = args.model or str(demo_model_dir())
     prompts = load_heldout_prompts(args.prompts, "open", seed=7)
-    llm = make_llm(model, parse_spec(spec), seed=args.seed, max_model_len=1024, max_num_seqs=args.batch,
+    llm = make_llm(model, parse_spec(spec), dtype=args.dtype, seed=args.seed, max_model_len=1024,
+                   max_num_seqs=args.batch if spec == "none" else args.candidate_batch,
                    extra={"per_request_spec_decode_metrics": "detailed"} if spec != "none" else None)
     jobs = [p for _ in range(args.samples_per_prompt) for p in prompts]
     llm.generate(jobs, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))
@@ -114,7 +115,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def replay(stream: list[dict], source: str, baseline_url: str, vocab: int, workdir: Path,
+def replay(stream: list[dict], source: str, baseline_url: str, vocab: int, workdir: Path, args: argparse.Namespace,
            broker: Any = None) -> dict[str, Any]:
     """Run the sidecar's service over the whole stream; counters, alarms and the measured shift."""
     from quality_sidecar.service import Service, ServiceConfig
@@ -123,7 +124,8 @@ def replay(stream: list[dict], source: str, baseline_url: str, vocab: int, workd
     alerts = workdir / "alerts.jsonl"
     conf: dict[str, Any] = {"alerts": f"file://{alerts}", "progress": False, "baseline_url": baseline_url + "/v1",
                             "state_path": str(workdir / "state.json"), "max_samples": len(stream),
-                            "conformance": {"vocab_size": vocab}}
+                            "conformance": {"vocab_size": vocab}, "baseline_dtype": args.dtype,
+                            "replay_fraction": args.replay_fraction}
     if source == "file":
         path = workdir / "stream.jsonl"
         path.write_text("".join(json.dumps(s) + "\n" for s in stream))
@@ -171,6 +173,8 @@ def replay(stream: list[dict], source: str, baseline_url: str, vocab: int, workd
                        "stream_position": last, "candidate_samples_read": None if last is None else cand_before[last + 1],
                        "pvalue": e.get("pvalue"), "statistic": e.get("statistic"),
                        "chart": (e.get("detail") or {}).get("chart")})
+    pairs = svc.pipeline.pairs.get(stream[0]["model"])  # T=0 exact match: per pair source, A/A and candidate
+    exact = {src: dict(v) for src, v in pairs.detector.sources_.items()} if pairs is not None else None
     mon = svc.pipeline.conformance.get(stream[0]["model"])
     shift = mon.shift() if mon is not None else (float("nan"),) * 3
     arms = {}
@@ -186,7 +190,8 @@ def replay(stream: list[dict], source: str, baseline_url: str, vocab: int, workd
                        if hasattr(c, "late") else {})}
               for arm, c in (mon.charts.items() if mon is not None else [])}
     return {"source": source, "wall_s": wall, "samples_read": svc.pipeline.counts["samples"], "charts": charts,
-            "source_paused_checks": sum(paused), "arms": arms, "alarms": alarms,
+            "source_paused_checks": sum(paused), "arms": arms, "alarms": alarms, "exact_match": exact,
+            "replay": dict(svc.replay.counts) if svc.replay is not None else None,
             "logprob_shift_nats_per_token": shift[0], "logprob_shift_ci95": [shift[1], shift[2]],
             "retries": svc.scorer.counts.get("retries", 0) if svc.scorer is not None else None}
 
@@ -200,7 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lead", type=int, default=500, help="baseline-only samples at the start of a stream")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--batch", type=int, default=32, help="max_num_seqs of the sampling engines")
+    ap.add_argument("--batch", type=int, default=32, help="max_num_seqs of the baseline arm's sampling engine")
+    ap.add_argument("--candidate-batch", type=int, default=None,
+                    help="max_num_seqs of the candidate arms' engines (default: --batch); another batch size "
+                         "than the baseline's is what a bf16 deployment has, and what bf16 batch variance needs")
+    ap.add_argument("--dtype", default="float32", help="dtype of every engine and of the baseline server "
+                    "(float32, bfloat16); the samples record it (decoder.dtype)")
+    ap.add_argument("--replay-fraction", type=float, default=0.1,
+                    help="share of greedy samples replayed on the baseline server for exact_match (the sidecar's "
+                         "replay_fraction; default 0.1, its default)")
     ap.add_argument("--sources", default="file,kafka", help="comma list of file, kafka")
     ap.add_argument("--streams", default="fault,exact", help=f"comma list of candidate arms ({', '.join(list(ARMS)[1:])})")
     ap.add_argument("--producer", choices=["rows", "telemetry"], default="rows",
@@ -212,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
     args.top_p, args.top_k = 1.0, 0
+    args.candidate_batch = args.candidate_batch or args.batch
     if args.produce:
         produce(*args.produce, args)
         return 0
@@ -235,13 +249,18 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.time()
     for name in ["none", *args.streams.split(",")]:
         key = hashlib.sha1(json.dumps([ARMS[name], args.prompts, args.samples_per_prompt, args.max_tokens,
-                                       args.temperature, args.seed, model]).encode()).hexdigest()[:12]
+                                       args.temperature, args.seed, model]
+                                      + ([args.dtype, args.batch if name == "none" else args.candidate_batch]
+                                         if (args.dtype, args.candidate_batch) != ("float32", args.batch) else [])
+                                      ).encode()).hexdigest()[:12]
         label = "baseline" if name == "none" else "candidate"
         t0 = time.time()
         if args.producer == "rows":
             cache = work / f"{name}-{key}.json"
             if not cache.exists():
-                cache.write_text(json.dumps(generate(model, ARMS[name], "float32", prompts, args)))
+                batch = args.batch if name == "none" else args.candidate_batch
+                cache.write_text(json.dumps(generate(model, ARMS[name], args.dtype, prompts,
+                                                     argparse.Namespace(**{**vars(args), "batch": batch}))))
             rows = [r for r in json.loads(cache.read_text()) if r["output_ids"]]
             arm_samples[name] = samples_from_rows(rows, label, "none" if name == "none" else "lookahead", prompts,
                                                   args, start=0 if name == "none" else 10**6)
@@ -253,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [sys.executable, __file__, "--json", "-", "--prompts", str(args.prompts), "--samples-per-prompt",
                        str(args.samples_per_prompt), "--max-tokens", str(args.max_tokens), "--temperature",
                        str(args.temperature), "--batch", str(args.batch), "--seed", str(args.seed),
+                       "--candidate-batch", str(args.candidate_batch), "--dtype", args.dtype,
                        *(["--model", args.model] if args.model else []), "--produce", ARMS[name], label, str(part)]
                 subprocess.run(cmd, check=True)
                 part.rename(cache)
@@ -262,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         server = VllmServer(model, env={}, workdir=tmp, args=[
-            "--served-model-name", model, "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32",
+            "--served-model-name", model, "--max-model-len", "1024", "--enforce-eager", "--dtype", args.dtype,
             "--seed", "0"]).start()
         broker = None
         try:
@@ -274,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.streams.split(","):
                 stream = build_stream(arm_samples["none"], arm_samples[name], args)
                 for source in args.sources.split(","):
-                    r = replay(stream, source, server.url, vocab, Path(tmp) / f"{name}-{source}", broker)
+                    r = replay(stream, source, server.url, vocab, Path(tmp) / f"{name}-{source}", args, broker)
                     r["stream"], r["candidate_spec"] = name, ARMS[name]
                     runs.append(r)
                     first = {d: min((a["candidate_samples_read"] for a in r["alarms"]
@@ -293,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
            "command": shlex.join(["python", "benchmarks/sidecar_replay.py", *(sys.argv[1:] if argv is None else argv)]),
            "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "model": model,
            "sampler": {"temperature": args.temperature, "top_p": 1.0, "top_k": 0}, "samples": args.samples,
+           "dtype": args.dtype, "batch": {"baseline": args.batch, "candidate": args.candidate_batch},
+           "replay_fraction": args.replay_fraction,
            "producer": args.producer,
            "lead": args.lead, "max_tokens": args.max_tokens, "wall_s": time.time() - t_all, "runs": runs}
     Path(args.json).write_text(json.dumps(out, indent=1))
