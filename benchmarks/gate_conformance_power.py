@@ -10,8 +10,8 @@ independent gate decisions per decoder.  The baseline (``none``, engine seed 0) 
 replicate r is the baseline arm of every candidate's replicate r; every candidate runs at engine
 seed 1 (so ``none`` vs ``none`` is a true A/A).  ONE scoring engine (no speculation, prefix caching)
 scores every run.  The ``sampled`` criterion is then computed exactly as the gate does
-(``analysis._sampled`` + ``sampled_passes``: every adjusted p-value, and no more out-of-support tokens
-than the baseline arm), except that the ``unit_tests`` checker (a sandboxed subprocess per sample)
+(``analysis._sampled`` + ``criteria.sampled_passes``: every adjusted p-value, and no more
+out-of-support tokens than the baseline arm), except that the ``unit_tests`` checker (a sandboxed subprocess per sample)
 counts as not passed in both arms; its Fisher p-value stays in the Holm-adjusted family.
 
 Per decoder: FAILs out of R with a Wilson 95% interval, which tests rejected in each replicate, the
@@ -132,7 +132,7 @@ def main() -> None:
     from gate_power_at_size import excess_power  # this script's directory is on sys.path
 
     from vllm_lookahead.decoders import parse_spec
-    from vllm_lookahead.gate import analysis
+    from vllm_lookahead.gate import analysis, criteria
     from vllm_lookahead.gate.checkers import CheckResult
     from vllm_lookahead.gate.engine import EngineOptions, GateEngine, RunResult
     from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
@@ -253,7 +253,7 @@ def main() -> None:
             c = replicate(runs[label], r)
             smp = analysis._sampled(base_scored[r], analysis._score(by_id, c, clfs), base_reps[r], c, sp,
                                     pol["multiple_testing"], names)
-            minp, ok = analysis.sampled_passes(smp, sp["alpha"])
+            minp, ok = criteria.sampled_passes(smp, sp["alpha"])
             conf = smp["conformance"]
             reps.append({"verdict": "PASS" if ok else "FAIL", "min_p_adjusted": minp,
                          "rejected": sorted(k for k, p in smp["p_adjusted"].items() if p < sp["alpha"]),

@@ -17,6 +17,7 @@ import numpy as np
 
 from vllm_lookahead.gate import stats
 from vllm_lookahead.gate.checkers import check
+from vllm_lookahead.gate.criteria import CRITERIA, Context, crit
 from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunResult
 from vllm_lookahead.gate.evalset import EvalItem
 
@@ -111,12 +112,6 @@ def _exact(base: RunResult, other: RunResult) -> dict[str, Any]:
     positions = [d for d in divs.values() if d is not None]
     return {"n": len(divs), "mismatches": len(positions), "match_rate": 1 - len(positions) / max(1, len(divs)),
             "first_divergence": positions, "diverged_items": sorted(i for i, d in divs.items() if d is not None)}
-
-
-def _crit(name: str, measured: Any, threshold: str, passed: bool | None, required: bool,
-          detail: str = "") -> dict[str, Any]:
-    return {"name": name, "measured": measured, "threshold": threshold, "passed": passed,
-            "required": required, "detail": detail}
 
 
 def _conformance(run: RunResult) -> dict[str, Any]:
@@ -256,31 +251,47 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
             "p_values": tests, "p_adjusted": dict(zip(tests, adj)), "rates": rates, "conformance": conf}
 
 
-def sampled_passes(sampled: dict[str, Any], alpha: float) -> tuple[float, bool]:
-    """(smallest adjusted p, pass?) of the ``sampled`` criterion: every adjusted p >= alpha (impossible
-    tokens included, ``stats.impossible_tokens_p``) and the samples were scored."""
-    minp = min(sampled["p_adjusted"].values())
-    return minp, bool(sampled["conformance"]["scored"]) and minp >= alpha
-
-
 def crashed_verdict(crash: dict[str, Any], n_items: int) -> dict[str, Any]:
     """FAIL for a candidate whose engine or endpoint died on requests the baseline served
     (``RunCrashed.to_json()``).  Why a verdict, not "no verdict": the baseline arm completed the same
     requests, so the crash is the candidate's -- the most severe regression, not a broken gate.  No
     other criterion is measured (the candidate's outputs are incomplete)."""
-    crit = _crit("candidate_completes", "crashed", "the candidate serves every request the baseline served",
-                 False, True, f"{crash['run']} died {crash['where']}: {crash['error']}")
-    return {"verdict": "FAIL", "failed": [crit["name"]], "criteria": [crit], "crash": crash, "n_items": n_items}
+    c = crit("candidate_completes", "crashed", "the candidate serves every request the baseline served",
+               False, True, f"{crash['run']} died {crash['where']}: {crash['error']}")
+    return {"verdict": "FAIL", "failed": [c["name"]], "criteria": [c], "crash": crash, "n_items": n_items}
+
+
+def _exact_match(base: ArmRuns, cand: ArmRuns) -> dict[str, Any]:
+    """T=0 token ids of the candidate vs the baseline's batched ones, against the A/A rate: batched, and
+    the candidate's one-at-a-time run against the pooled A/A (chunks, the baseline's one-at-a-time run)."""
+    cand_exact = _exact(base.greedy, cand.greedy)
+    aa_exact = _exact(base.greedy, base.aa) if base.aa else None
+    n = cand_exact["n"]
+    aa_mm = aa_exact["mismatches"] if aa_exact else 0
+    aa_n = aa_exact["n"] if aa_exact else n
+    excess = cand_exact["mismatches"] / max(1, n) - aa_mm / max(1, aa_n)
+    p_exact = stats.fisher_greater_p(cand_exact["mismatches"], n, aa_mm, aa_n)
+    seq_exact = seq_aa = None
+    seq_excess, p_seq = 0.0, 1.0
+    if cand.sequential is not None:
+        seq_exact = _exact(base.greedy, cand.sequential)
+        seq_aa = _exact(base.greedy, base.sequential) if base.sequential is not None else None
+        pool_mm = aa_mm + (seq_aa["mismatches"] if seq_aa else 0)
+        pool_n = aa_n + (seq_aa["n"] if seq_aa else 0)
+        seq_excess = seq_exact["mismatches"] / max(1, seq_exact["n"]) - pool_mm / max(1, pool_n)
+        p_seq = stats.fisher_greater_p(seq_exact["mismatches"], seq_exact["n"], pool_mm, pool_n)
+    return {"candidate": cand_exact, "aa": aa_exact, "excess_mismatch": excess, "p_value": p_exact,
+            "batch1": {"candidate": seq_exact, "aa": seq_aa, "excess_mismatch": seq_excess, "p_value": p_seq}}
 
 
 def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[str, Any],
             classifiers: list[Any], latency_ids: list[str], dtype: str | None = None) -> dict[str, Any]:
-    """All measurements, every criterion with value / threshold / pass, and the verdict (``dtype``: the
-    arms' engine dtype, None when unknown as in endpoint mode: it sets the impossible-token floor)."""
+    """All measurements, every criterion of ``criteria.CRITERIA`` with value / threshold / pass, and the
+    verdict (``dtype``: the arms' engine dtype, None when unknown as in endpoint mode: it sets the
+    impossible-token floor)."""
     alpha = policy["alpha"]
     method = policy["multiple_testing"]
     boot = policy["bootstrap"]
-    crit_pol = policy["criteria"]
     by_id = {it.id: it for it in items}
     names = [c.name for c in classifiers]
     bsc = {x["item_id"]: x for x in _score(by_id, base.greedy, classifiers)}
@@ -299,26 +310,7 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         per_task.append({"task": t, **asdict(pr)})
     for row, padj in zip(per_task, stats.adjust_pvalues([r["p_value"] for r in per_task], method)):
         row["p_adjusted"] = padj
-
-    cand_exact = _exact(base.greedy, cand.greedy)
-    aa_exact = _exact(base.greedy, base.aa) if base.aa else None
-    n = cand_exact["n"]
-    aa_mm = aa_exact["mismatches"] if aa_exact else 0
-    aa_n = aa_exact["n"] if aa_exact else n
-    excess = cand_exact["mismatches"] / max(1, n) - aa_mm / max(1, aa_n)
-    p_exact = stats.fisher_greater_p(cand_exact["mismatches"], n, aa_mm, aa_n)
-    # Batch 1 too: some drafters (lookahead's free drafting) only run when a request is alone, so the
-    # candidate's one-at-a-time outputs are compared with the baseline's batched greedy outputs, judged
-    # against the pooled A/A rate (chunks vs all-at-once, and the baseline's own one-at-a-time run).
-    seq_exact = seq_aa = None
-    seq_excess, p_seq = 0.0, 1.0
-    if cand.sequential is not None:
-        seq_exact = _exact(base.greedy, cand.sequential)
-        seq_aa = _exact(base.greedy, base.sequential) if base.sequential is not None else None
-        pool_mm = aa_mm + (seq_aa["mismatches"] if seq_aa else 0)
-        pool_n = aa_n + (seq_aa["n"] if seq_aa else 0)
-        seq_excess = seq_exact["mismatches"] / max(1, seq_exact["n"]) - pool_mm / max(1, pool_n)
-        p_seq = stats.fisher_greater_p(seq_exact["mismatches"], seq_exact["n"], pool_mm, pool_n)
+    exact_match = _exact_match(base, cand)
 
     behaviour = []
     for name in names:
@@ -332,114 +324,15 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
     sampled = None
     if base.sampled is not None and cand.sampled is not None:
         sampled = _sampled(_score(by_id, base.sampled, classifiers), _score(by_id, cand.sampled, classifiers),
-                           base.sampled, cand.sampled, crit_pol["sampled"], method, names, dtype)
-
+                           base.sampled, cand.sampled, policy["criteria"]["sampled"], method, names, dtype)
     lat_b = latency_summary(base.greedy, base.sequential, latency_ids)
     lat_c = latency_summary(cand.greedy, cand.sequential, latency_ids)
-
-    criteria = []
-    c = crit_pol["pass_rate_overall"]
-    sig = overall.p_value < alpha and overall.delta < 0
-    ni_txt, ni_ok = "", True
-    if c.get("ni_margin"):
-        p_ni = stats.paired_noninferiority_p(overall.n10, overall.n01, overall.n, c["ni_margin"])
-        ni_ok = p_ni < alpha
-        ni_txt = f" and delta > -{c['ni_margin']} proven (non-inferiority p < {alpha})"
-    criteria.append(_crit(
-        "pass_rate_overall", round(overall.delta, 4),
-        f"delta >= -{c['max_drop']} and no significant drop (p < {alpha})" + ni_txt,
-        not (overall.delta < -c["max_drop"] or sig) and ni_ok, True,
-        f"baseline {overall.base_rate:.3f} -> candidate {overall.cand_rate:.3f}, "
-        f"{overall.n10} regressions / {overall.n01} improvements, McNemar p={overall.p_value:.3g}, "
-        f"{int(boot['confidence'] * 100)}% CI [{overall.ci_low:+.3f}, {overall.ci_high:+.3f}]" +
-        (f", non-inferiority (margin {c['ni_margin']}) p={p_ni:.3g}" if ni_txt else "")))
-    c = crit_pol["pass_rate_per_task"]
-    if c.get("ni_margin"):
-        ps = [stats.paired_noninferiority_p(r["n10"], r["n01"], r["n"], c["ni_margin"]) for r in per_task]
-        for r, padj in zip(per_task, stats.adjust_pvalues(ps, method)):
-            r["ni_p_adjusted"] = padj
-    bad = [r for r in per_task if r["delta"] < -c["max_drop"] or (r["p_adjusted"] < alpha and r["delta"] < 0)
-           or r.get("ni_p_adjusted", 0.0) >= alpha]
-    worst = min(per_task, key=lambda r: r["delta"])
-    criteria.append(_crit(
-        "pass_rate_per_task", round(worst["delta"], 4),
-        f"every task: delta >= -{c['max_drop']} and no significant drop ({method}-adjusted p < {alpha})" +
-        (f" and delta > -{c['ni_margin']} proven (adjusted non-inferiority p < {alpha})" if c.get("ni_margin") else ""),
-        not bad, True, f"worst task {worst['task']} ({worst['delta']:+.3f}); failing: "
-        f"{', '.join(r['task'] for r in bad) or 'none'}"))
-    c = crit_pol["exact_match"]
-    seq_ok = seq_excess <= c["max_excess_mismatch"] and not (p_seq < alpha)
-    seq_txt = (f"; batch 1: {seq_exact['mismatches']}/{seq_exact['n']} of the candidate's one-at-a-time outputs "
-               f"differ from the baseline's batched ones (baseline's own batch-1 A/A "
-               f"{seq_aa['mismatches'] if seq_aa else 'n/a'}/{seq_aa['n'] if seq_aa else 'n/a'}), excess "
-               f"{seq_excess:+.3f}, p={p_seq:.3g}") if seq_exact else "; batch 1: not run"
-    criteria.append(_crit(
-        "exact_match", round(max(excess, seq_excess), 4),
-        f"mismatch(candidate) - mismatch(A/A) <= {c['max_excess_mismatch']} and not significantly higher (p < {alpha}), "
-        "batched and at batch 1",
-        excess <= c["max_excess_mismatch"] and not (p_exact < alpha) and seq_ok, True,
-        f"T=0 token match vs baseline {cand_exact['match_rate']:.3f} ({cand_exact['mismatches']}/{n} differ); "
-        f"A/A {1 - aa_mm / max(1, aa_n):.3f} ({aa_mm}/{aa_n} differ, {base.aa.mode if base.aa else 'not run'} "
-        f"vs all at once); one-sided Fisher p={p_exact:.3g}" + seq_txt))
-    c = crit_pol["behaviour"]
-    if c.get("ni_margin") and behaviour:
-        # a flag is bad: "non-inferior" = the increase is proven below the margin (roles swapped)
-        ps = [stats.paired_noninferiority_p(r["n01"], r["n10"], r["n"], c["ni_margin"]) for r in behaviour]
-        for r, padj in zip(behaviour, stats.adjust_pvalues(ps, method)):
-            r["ni_p_adjusted"] = padj
-    bad_b = [r for r in behaviour if r["delta"] > c["max_increase"] or (r["p_adjusted"] < alpha and r["delta"] > 0)
-             or r.get("ni_p_adjusted", 0.0) >= alpha]
-    worst_b = max(behaviour, key=lambda r: r["delta"]) if behaviour else None
-    criteria.append(_crit(
-        "behaviour", round(worst_b["delta"], 4) if worst_b else 0.0,
-        f"every classifier: flag-rate increase <= {c['max_increase']} and not significant" +
-        (f" and increase < {c['ni_margin']} proven" if c.get("ni_margin") else ""),
-        not bad_b, True, "; ".join(f"{r['classifier']} {r['base_rate']:.3f}->{r['cand_rate']:.3f}" for r in behaviour)))
-    c = crit_pol["sampled"]
-    if sampled is None:
-        criteria.append(_crit("sampled", None, "T>0 run switched off (samples_per_item: 0)", None,
-                              bool(c["required"]), "no T>0 samples: the T>0 distribution is not checked"))
-    else:
-        minp, ok = sampled_passes(sampled, c["alpha"])
-        conf = sampled["conformance"]
-        if not conf["scored"]:
-            extra = "T>0 samples were not scored under the baseline model; "
-        else:
-            oos = conf["out_of_support"]
-            sh, lp = conf["shift"], conf["mean_token_logprob"]
-            extra = (f"mean token log-prob {lp['baseline']:.4f} -> {lp['candidate']:.4f} nats, shift "
-                     f"{sh['effect']:+.4f} [{sh['ci_low']:+.4f}, {sh['ci_high']:+.4f}] nats/token; excess log-prob "
-                     f"candidate {conf['excess_candidate']['nats_per_token']:+.4f} nats/token "
-                     f"p={conf['excess_candidate']['p_value']:.3g}, baseline control "
-                     f"p={conf['excess_baseline_control']['p_value']:.3g}; PIT (AD) "
-                     f"candidate p={conf['pit_candidate']['p_value']:.3g}, baseline control "
-                     f"p={conf['pit_baseline_control']['p_value']:.3g}; out-of-support tokens "
-                     f"{oos['baseline']}/{oos['candidate']}; scoring {sum(v or 0 for v in conf['scoring_s'].values()):.1f} s; ")
-        criteria.append(_crit(
-            "sampled", round(minp, 4),
-            f"every T>0 test ({method}-adjusted p >= {c['alpha']}) and no out-of-support token beyond the baseline's",
-            ok, bool(c["required"]),
-            f"{' | '.join(sampled['profiles'])}, {sampled['n_candidate']} samples/arm; {extra}" +
-            ", ".join(f"{k} p={v:.3g}" for k, v in sampled["p_adjusted"].items())))
-    c = crit_pol["latency"]
     bt, ct = lat_b.get("seq_tokens_per_s"), lat_c.get("seq_tokens_per_s")
-    speedup = ct / bt if bt and ct else None
-    criteria.append(_crit(
-        "latency", round(speedup, 3) if speedup else None, f"speedup (tokens/s at batch 1) >= {c['min_speedup']}",
-        (speedup >= c["min_speedup"]) if speedup else None, bool(c["required"]),
-        f"baseline {bt or 0:.1f} tok/s, candidate {ct or 0:.1f} tok/s; compression {lat_c['compression'] or 1:.2f} "
-        f"tokens/step, acceptance {lat_c['acceptance_rate'] if lat_c['acceptance_rate'] is not None else float('nan'):.3f}"))
+    latency = {"baseline": lat_b, "candidate": lat_c, "speedup_batch1": ct / bt if bt and ct else None}
 
-    c = crit_pol["acceptance_length"]
-    mal = lat_c.get("mean_acceptance_length")
-    speculative = bool(lat_c.get("drafts")) or bool(lat_c["drafted_tokens"])
-    criteria.append(_crit(
-        "acceptance_length", round(mal, 3) if mal else None,
-        f"speculative candidate: mean acceptance length >= {c['min_mean_length']} tokens per verify step",
-        (mal >= c["min_mean_length"]) if speculative and mal else None, bool(c["required"]) and speculative,
-        (f"{lat_c['accepted_tokens']} of {lat_c['drafted_tokens']} drafted tokens accepted over "
-         f"{lat_c.get('drafts')} drafting steps" if speculative else "candidate drafts no tokens: not speculative")))
-
+    cx = Context(items, base, cand, policy, {"baseline": bsc, "candidate": csc}, overall, per_task,
+                 exact_match, behaviour, sampled, latency)
+    criteria = [criterion(cx) for criterion in CRITERIA]
     failed = [x["name"] for x in criteria if x["required"] and x["passed"] is not True]
     # a required criterion that could not be measured (None) fails the gate too
     verdict = "FAIL" if failed else "PASS"
@@ -448,11 +341,9 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         "verdict": verdict, "failed": failed, "criteria": criteria,
         "n_items": len(items), "tasks": tasks,
         "pass_rate": {"overall": asdict(overall), "per_task": per_task},
-        "exact_match": {"candidate": cand_exact, "aa": aa_exact, "excess_mismatch": excess, "p_value": p_exact,
-                        "batch1": {"candidate": seq_exact, "aa": seq_aa, "excess_mismatch": seq_excess,
-                                   "p_value": p_seq}},
+        "exact_match": exact_match,
         "behaviour": behaviour, "sampled": sampled,
-        "latency": {"baseline": lat_b, "candidate": lat_c, "speedup_batch1": speedup},
+        "latency": latency,
         "mde": {"observed_discordance": p_disc,
                 "pass_rate_delta_at_80pct_power": stats.mcnemar_mde(len(items), max(p_disc, 1 / len(items)), alpha=alpha)},
         "items": [{"id": i, "task": by_id[i].task, "baseline_passed": bsc[i]["passed"],
