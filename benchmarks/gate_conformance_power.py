@@ -94,7 +94,7 @@ def late_chart_rates(sums: dict[str, float], shift: float, samples_per_late_toke
     ratio (a pooled certificate uses the richest stream's, the conservative choice)."""
     from sidecar_conformance import siegmund_arl_two_sided
 
-    from quality_sidecar.detectors.likelihood import ConformanceChart
+    from quality_sidecar.detectors.conformance_charts import ConformanceChart
 
     n = sums["n"]
     vbar = sums["v"] / n
@@ -220,7 +220,7 @@ def main() -> None:
         """Samples until the late-draft-position chart (``ConformanceChart(late_shift=shift).late``, the
         sidecar's class) alarms on this stream: the run's order, then ``orders - 1`` random orders.  Each
         sample's late tokens enter as their sums (the chart tests at sample boundaries on the sums)."""
-        from quality_sidecar.detectors.likelihood import ConformanceChart
+        from quality_sidecar.detectors.conformance_charts import ConformanceChart
 
         trip = late_triples(run)
         rng = np.random.default_rng(0)

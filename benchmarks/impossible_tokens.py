@@ -43,7 +43,7 @@ def first_alarms(cand: list[dict], base: list[dict], fraction: float, n_streams:
     """Candidate samples (in the stream, before the ``fraction`` selection) to the first alarm of a
     fresh ``ImpossibleTokenChart`` fed the selected samples of a 1:1 baseline/candidate stream."""
     from quality_sidecar.baseline_scoring import IMPOSSIBLE_ALPHA, ConformanceConfig
-    from quality_sidecar.detectors.likelihood import ImpossibleTokenChart
+    from quality_sidecar.detectors.conformance_charts import ImpossibleTokenChart
 
     floor = ConformanceConfig().impossible_floor_per_token
     rng = np.random.default_rng(seed)
@@ -55,10 +55,10 @@ def first_alarms(cand: list[dict], base: list[dict], fraction: float, n_streams:
         for j in range(min(len(ci), len(bi))):
             if rng.random() < fraction:
                 b = base[bi[j]]
-                chart.add("baseline", b["n"], b["reasons"])
+                chart.update("baseline", b["n"], b["reasons"])
             if rng.random() < fraction:
                 c = cand[ci[j]]
-                if chart.add("candidate", c["n"], c["reasons"]).alarm_new:
+                if chart.update("candidate", c["n"], c["reasons"]).alarm_new:
                     first = j + 1
                     break
         out.append(first)
@@ -81,9 +81,9 @@ def repeat_alarms(cand: list[dict], base: list[dict], n_streams: int, seed: int)
         first = math.inf
         for j in range(min(len(ci), len(bi))):
             b, c = base[bi[j]], cand[ci[j]]
-            chart.add("baseline", b["prompt_key"], b["output_key"])
-            r = chart.add("candidate", c["prompt_key"], c["output_key"])
-            if r is not None and r.alarm_new and first == math.inf:
+            chart.update("baseline", b["prompt_key"], b["output_key"])
+            r = chart.update("candidate", c["prompt_key"], c["output_key"])
+            if r.alarm_new and first == math.inf:
                 first = j + 1
         firsts.append(first)
         a = chart.arms
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from sidecar_conformance import generate, parse_arm, score
 
-    from quality_sidecar.detectors.likelihood import SamplerParams, score_topk
+    from quality_sidecar.detectors.conformance_scoring import SamplerParams, score_topk
     from vllm_lookahead.devtools.paths import demo_model_dir
     from vllm_lookahead.prompts import load_heldout_prompts
 

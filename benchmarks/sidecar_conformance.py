@@ -89,12 +89,12 @@ def score(model: str, dtype: str, rows: list[dict], k: int, params: Any, llm: An
     """Top-K raw log-probs of every output position, from a no-speculation engine (prompt_logprobs),
     and, from the full rows of the same pass (``vllm_lookahead.vllm.prompt_scores``), each token's
     excess log-prob (log p(y) - E_sampler[log p]: the fault size in nats/token, see
-    ``detectors.likelihood.excess_logprob``).  The sidecar itself only ever sees the top K.  With
+    ``detectors.conformance_scoring.excess_logprob``).  The sidecar itself only ever sees the top K.  With
     ``full_oos`` each row also gets ``full_oos``: its impossible tokens by reason from the full rows
     (what the in-process gate sees)."""
     from vllm import SamplingParams
 
-    from quality_sidecar.detectors.likelihood import excess_logprob
+    from quality_sidecar.detectors.conformance_scoring import excess_logprob
     from vllm_lookahead.decoders import parse_spec
     from vllm_lookahead.engine import make_llm
     from vllm_lookahead.vllm.prompt_scores import scoring
@@ -116,7 +116,7 @@ def score(model: str, dtype: str, rows: list[dict], k: int, params: Any, llm: An
                 full = stash[tuple(r["prompt_ids"] + r["output_ids"])]
                 r["excess"] = excess_logprob(full, r["output_ids"], params).tolist()
                 if full_oos:
-                    from quality_sidecar.detectors.likelihood import score_full
+                    from quality_sidecar.detectors.conformance_scoring import score_full
 
                     r["full_oos"] = score_full(full, r["output_ids"], params, np.random.default_rng(0)).oos_reasons
     for r, o in zip(todo, outs):
@@ -136,7 +136,7 @@ def score(model: str, dtype: str, rows: list[dict], k: int, params: Any, llm: An
 
 
 def conformance(rows: list[dict], temperature: float, top_p: float, vocab: int, seed: int) -> dict[str, Any]:
-    from quality_sidecar.detectors.likelihood import SamplerParams, score_topk
+    from quality_sidecar.detectors.conformance_scoring import SamplerParams, score_topk
 
     params = SamplerParams(temperature, top_p=top_p)
     rng = np.random.default_rng(seed)
@@ -170,7 +170,7 @@ def bootstrap_delay(scores: list[Any], chart_kw: dict, n_streams: int, limit: in
     """Samples to the first alarm of a fresh sidecar chart (``ConformanceChart``: PIT + excess) on
     streams drawn (with replacement) from the real scored samples of a faulty decoder; also each
     chart alone (its own alarm index inside the pair), to show which one carries the detection."""
-    from quality_sidecar.detectors.likelihood import ConformanceChart
+    from quality_sidecar.detectors.conformance_charts import ConformanceChart
 
     rng = np.random.default_rng(seed)
     delays, by_chart = [], {"pit": [], "excess": []}
@@ -210,7 +210,7 @@ def false_alarms(scores: list[Any], chart_kw: dict) -> dict[str, Any]:
     rate is the sum of its charts' (union bound).  Under exact sampling the means are 0 and the sds 1.
     The pair is also run once over the real stream in its recorded order.
     """
-    from quality_sidecar.detectors.likelihood import ConformanceChart
+    from quality_sidecar.detectors.conformance_charts import ConformanceChart
 
     c = ConformanceChart(**chart_kw)
     k, h = c.pit.k_, c.threshold_
@@ -264,12 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from quality_sidecar.baseline_scoring import ConformanceConfig
-    from quality_sidecar.detectors.likelihood import (
-        SamplerParams,
-        likelihood_shift,
-        pit_test,
-        pit_z,
-    )
+    from quality_sidecar.detectors.conformance_scoring import SamplerParams
+    from quality_sidecar.detectors.conformance_stats import likelihood_shift, pit_test, pit_z
     from vllm_lookahead.devtools.paths import demo_model_dir
     from vllm_lookahead.prompts import load_heldout_prompts
 

@@ -44,7 +44,7 @@ def main() -> None:
     from lossless_support import likelihood_pvalues, sample_run, token_position_pvalue
     from vllm import SamplingParams
 
-    from quality_sidecar.detectors.likelihood import excess_totals, pit_test
+    from quality_sidecar.detectors.conformance_stats import excess_totals, pit_test
     from vllm_lookahead.decoders import parse_spec
     from vllm_lookahead.engine import make_llm
     from vllm_lookahead.gate.inprocess_scoring import score_runs

@@ -4,7 +4,7 @@ For a fraction (``ConformanceConfig.fraction``) of the T>0 samples of each arm, 
 asks the baseline server (``--baseline-url``, any OpenAI-compatible server that returns prompt
 log-probs: vLLM's ``prompt_logprobs`` extension, or ``echo`` + ``logprobs``) for the top-K log-probs
 of prompt + output, turns them into PIT values and token log-probs
-(``detectors.likelihood.score_topk``) and feeds the PIT values to a two-sided CUSUM over the token
+(``detectors.conformance_scoring.score_topk``) and feeds the PIT values to a two-sided CUSUM over the token
 stream per (model, arm) (``PitCusum``): reference-free, because the null is known exactly.  The candidate arm's
 chart is the alarm; the baseline arm's chart is the control (an alarm there means the scorer and the
 serving engine disagree: another model revision, dtype or sampler).  The mean token log-prob of each
@@ -33,10 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from .detectors.likelihood import (
+from .detectors.conformance_charts import ConformanceChart, ImpossibleTokenChart
+from .detectors.conformance_scoring import (
     OOS_TOLERANCE_NATS,
-    ConformanceChart,
-    ImpossibleTokenChart,
     SamplerParams,
     SequenceScore,
     score_topk,
@@ -372,7 +371,7 @@ class ConformanceMonitor:
             ex = self.impossible_examples.setdefault(arm, [])
             ex.append((trace_id, request_id))
             del ex[:-5]
-        return self.impossible.add(arm, n_tokens, reasons)
+        return self.impossible.update(arm, n_tokens, reasons)
 
     def add(self, arm: str, score: SequenceScore, trace_id: str | None, request_id: str,
             positions: np.ndarray | None = None):

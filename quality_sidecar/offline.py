@@ -46,12 +46,8 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
         scorable,
         score_sample,
     )
-    from .detectors.likelihood import (
-        ImpossibleTokenChart,
-        excess_test,
-        likelihood_shift_test,
-        pit_test,
-    )
+    from .detectors.conformance_charts import ImpossibleTokenChart
+    from .detectors.conformance_stats import excess_test, likelihood_shift_test, pit_test
     from .workers import RetryPolicy, WorkFailed
 
     cc = ConformanceConfig(**(conf.get("conformance") or {}))
@@ -79,7 +75,7 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
                 sc = score_sample(client, s, params, cc, rng)
             except WorkFailed as e:
                 if e.reason == "rejected_token_ids":
-                    impossible.add(arm, len(out), {"vocab": 1})
+                    impossible.update(arm, len(out), {"vocab": 1})
                 if not e.transient:
                     counts[f"failed_{e.reason}"] = counts.get(f"failed_{e.reason}", 0) + 1
                     break
@@ -88,7 +84,7 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
                 attempt += 1
         if sc is None:
             continue
-        impossible.add(arm, sc.n_tokens, sc.oos_reasons)
+        impossible.update(arm, sc.n_tokens, sc.oos_reasons)
         if sc.out_of_support:
             examples.setdefault(arm, []).append(s.get("trace_id") or s["request_id"])
         pit.setdefault(arm, []).extend(sc.pit.tolist())

@@ -321,8 +321,8 @@ class Pipeline:
             return []
         model, arm = smp["model"], smp["deployment"]["arm"]
         chart = self.repeats.setdefault(model, RepeatChart(restart_after_alarm=self.cfg.monitor.restart_after_alarm))
-        r = chart.add(arm, *keys)
-        if r is None or not r.alarm_new:
+        r = chart.update(arm, *keys)
+        if not r.alarm_new:
             return []
         # The match that fired may complete on a baseline sample: the alarm is the candidate's.
         return [Alarm("repeated_samples", model, r.extra["arm"], r, [smp["trace_id"]] if smp.get("trace_id") else [],

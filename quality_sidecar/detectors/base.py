@@ -1,4 +1,12 @@
-"""Shared result type, the detector state protocol and the false-alarm budget arithmetic.
+"""Shared result type, the detector contract and the false-alarm budget arithmetic.
+
+**The contract (``Detector``).** Every detector and chart of ``quality_sidecar.detectors`` subclasses
+``StatefulDetector`` and so is a ``Detector``: declared, versioned state (``STATE``,
+``STATE_VERSION``, ``get_state``/``set_state``), ``update(...) -> Result`` (the arguments are the
+detector's own: a batch, or an arm and its sample for the per-arm charts), ``reset()`` and
+``acknowledge()``.  tests/sidecar/test_detector_contract.py walks the package and checks every class
+in it, so a new detector cannot skip the contract.  Charts that keep counts per arm and judge the
+candidate arm against the control (baseline) arm share ``ArmControlChart``.
 
 **State protocol (``StatefulDetector``).** Why: a restart must neither forget an alarm nor its
 evidence (a CUSUM sum, a two-sample window, an A/A count), and an acknowledged alarm must stay
@@ -37,7 +45,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 
 @dataclass
@@ -141,6 +149,98 @@ class StatefulDetector:
 
     def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
         raise ValueError(f"{type(self).__name__}: cannot read state version {version}")
+
+
+@runtime_checkable
+class Detector(Protocol):
+    """The one detector contract (see the module docstring); ``StatefulDetector`` implements its state
+    half, each detector its ``update`` (annotated ``-> Result``) and ``reset``.  ``alarm_`` is true
+    while any alarm of the detector is latched (a detector that needs ``fit`` has it once fitted)."""
+
+    STATE: ClassVar[tuple[str, ...]]
+    STATE_VERSION: ClassVar[int]
+    alarm_: bool
+
+    def get_state(self) -> dict[str, Any]: ...
+
+    def set_state(self, st: Mapping[str, Any]) -> None: ...
+
+    def update(self, *args: Any, **kwargs: Any) -> Result: ...
+
+    def reset(self) -> None: ...
+
+    def acknowledge(self) -> None: ...
+
+
+class ArmControlChart(StatefulDetector):
+    """Base of the charts that keep counts per arm of one model and judge an arm against the control arm.
+
+    ``arms`` maps an arm name to a dict of JSON counts made by ``_fresh_arm`` plus the alarm fields
+    ``alarm`` (latched until ``reset``/``acknowledge`` unless ``restart_after_alarm``),
+    ``alarm_index`` and ``alarms``.  A subclass supplies ``_fresh_arm``, ``pvalue(arm)`` and
+    ``update(arm, ...) -> Result``; ``_judge`` applies ``alpha`` to the arm's p-value the same way for
+    every such chart.  ``CONTROL`` is the arm the others are compared with (``control()``).
+    State: ``arms`` (version 1); a state file from before the contract held ``{"arms": ...}`` (plus
+    whatever else the subclass's ``STATE`` names) without a version, and loads as version 0.
+    """
+
+    STATE: ClassVar[tuple[str, ...]] = ("arms",)
+    CONTROL: ClassVar[str] = "baseline"
+    CANDIDATE: ClassVar[str] = "candidate"
+
+    def __init__(self, alpha: float, restart_after_alarm: bool = False):
+        self.alpha, self.restart_after_alarm = alpha, restart_after_alarm
+        self.arms: dict[str, dict[str, Any]] = {}
+
+    def _fresh_arm(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _arm(self, arm: str) -> dict[str, Any]:
+        st = self.arms.get(arm)
+        if st is None:
+            st = self.arms[arm] = {**self._fresh_arm(), "alarm": False, "alarm_index": None, "alarms": 0}
+        return st
+
+    def control(self) -> dict[str, Any]:
+        """The control arm's counts ({} before its first sample)."""
+        return self.arms.get(self.CONTROL) or {}
+
+    def pvalue(self, arm: str) -> float:
+        raise NotImplementedError
+
+    @property
+    def alarm_(self) -> bool:
+        """Any arm in alarm."""
+        return any(st["alarm"] for st in self.arms.values())
+
+    def _judge(self, st: dict[str, Any], p: float, index: int) -> bool:
+        """Alarm an arm whose p-value is below ``alpha``; True on the update that fired (``index``: its
+        count of samples, recorded as ``alarm_index`` on the first alarm)."""
+        new = p < self.alpha and not st["alarm"]
+        if new:
+            st["alarms"] += 1
+            if st["alarm_index"] is None:
+                st["alarm_index"] = index
+            st["alarm"] = not self.restart_after_alarm
+        return new
+
+    def reset(self, arm: str | None = None) -> None:
+        """Acknowledge one arm (or all): its counts restart, so a fault that persists alarms again."""
+        for a in list(self.arms):
+            if arm is None or a == arm:
+                self._reset_arm(a)
+
+    def _reset_arm(self, arm: str) -> None:
+        del self.arms[arm]
+
+    def _decode_state(self, name: str, value: Any) -> Any:
+        return {a: dict(v) for a, v in (value or {}).items()} if name == "arms" else value
+
+    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 0: the flat ``{name: value}`` dict of ``STATE`` (before the contract)."""
+        if version == 0:
+            return {"version": 1, "state": {k: st.get(k) for k in self.STATE}}
+        return super()._upgrade_state(st, version)
 
 
 def split_budget(ert_total: float, n_detectors: int) -> float:

@@ -1,6 +1,6 @@
 """CUSUM charts: the cheap, per-sample early warning (acceptance rate, behaviour rates, length), and the
 per-token charts of T>0 sampling conformance (``PitCusum``, ``ExcessCusum``: Gaussian thresholds from
-Siegmund's ARL, the null known exactly; fed by ``likelihood.ConformanceChart``).
+Siegmund's ARL, the null known exactly; fed by ``conformance_charts.ConformanceChart``).
 
 Both charts accumulate a log-likelihood-ratio-like increment and alarm when the sum exceeds ``h``.
 The batch update is vectorised with the Lindley identity S_t = C_t - min(-S_0, min_{j<=t} C_j)
@@ -17,7 +17,7 @@ classical exponential law of CUSUM run lengths, Siegmund 1985).  The ERT a budge
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -261,9 +261,9 @@ def gauss_threshold(k: float, ert: float) -> float:
     return hi
 
 
-# --- token-stream charts of T>0 sampling conformance (fed by likelihood.py) ---------------------------------------------------------------------------------
+# --- token-stream charts of T>0 sampling conformance (fed by conformance_charts.py) ----------------
 
-class PitCusum:
+class PitCusum(StatefulDetector):
     """Two-sided CUSUM on the PIT values of the token stream: the sidecar's T>0 chart.
 
     Why per token and not per sample: under exact sampling the PIT values of *all* tokens of *all*
@@ -277,6 +277,8 @@ class PitCusum:
     ``ert_tokens`` tokens per side x 2 (union bound).  ``shift`` is the per-token change of E[x] to
     detect fastest (reference value shift/2); a mean-u change d is a shift of d sqrt(12).
     ``alarm_`` latches until ``reset()`` (the acknowledge path) unless ``restart_after_alarm``.
+    State version 1; version 0 (before the contract) was the flat ``{name: value}`` dict of ``STATE``,
+    possibly lacking names added since (they keep their reset values).
     """
 
     STATE = ("s_up_", "s_down_", "n_", "tokens_", "alarm_", "alarms_", "alarm_index_", "sum_x_", "direction_")
@@ -295,13 +297,10 @@ class PitCusum:
         self.n_, self.tokens_, self.alarm_, self.alarms_, self.alarm_index_ = 0, 0, False, 0, None
         self.sum_x_, self.direction_ = 0.0, ""
 
-    def get_state(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.STATE}
-
-    def set_state(self, st: Mapping[str, Any]) -> None:
-        for k in self.STATE:
-            if k in st:
-                setattr(self, k, st[k])
+    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
+        if version == 0:
+            return {"version": 1, "state": {k: st.get(k, getattr(self, k)) for k in self.STATE}}
+        return super()._upgrade_state(st, version)
 
     @property
     def mean_u(self) -> float:
@@ -311,13 +310,13 @@ class PitCusum:
     # which side of the chart means what (PIT: a sharper sampler pushes u -> 0, i.e. down)
     UP, DOWN = "flatter than specified (u -> 1)", "sharper than specified (u -> 0)"
 
-    def update(self, samples: Sequence[Sequence[float]]):
+    def update(self, samples: Sequence[Sequence[float]]) -> Result:
         """Feed the PIT values of a batch of samples (one array per sample, in arrival order)."""
         sums = np.array([float(np.sum(np.asarray(u, float) - 0.5)) * math.sqrt(12) for u in samples])
         counts = np.array([len(u) for u in samples], float)
         return self.update_sums(sums, counts)
 
-    def update_sums(self, sums: np.ndarray, counts: np.ndarray):
+    def update_sums(self, sums: np.ndarray, counts: np.ndarray) -> Result:
         """Feed per-sample sums of the token increments (mean 0, variance ~1 per token under the null)
         and the samples' token counts."""
         sums, counts = np.asarray(sums, float), np.asarray(counts, float)
@@ -384,7 +383,7 @@ class ExcessCusum(PitCusum):
         """Mean excess log-prob (nats/token) since the last reset (0 under exact sampling)."""
         return self.s_sum_ / self.v_n_ if self.v_n_ else 0.0
 
-    def update(self, samples: Sequence[tuple[Sequence[float], Sequence[float]]]):  # type: ignore[override]
+    def update(self, samples: Sequence[tuple[Sequence[float], Sequence[float]]]) -> Result:  # type: ignore[override]
         """Feed (excess, excess_var) arrays of a batch of samples, in arrival order."""
         sums, counts = [], []
         for ex, var in samples:

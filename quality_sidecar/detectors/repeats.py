@@ -32,6 +32,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+from .base import ArmControlChart, Result
+
 KEEP_WAITING = 16  # unmatched comparisons kept per prompt and arm
 ARMS = ("baseline", "candidate")
 
@@ -49,89 +51,98 @@ def repeat_keys(sample: Mapping[str, Any]) -> tuple[str, str] | None:
     return prompt, output
 
 
-class RepeatChart:
-    """Prompt-matched repeat comparisons of the two arms of one model (see the module docstring)."""
+class RepeatChart(ArmControlChart):
+    """Prompt-matched repeat comparisons of the two arms of one model (see the module docstring).
+
+    An ``ArmControlChart``: per-arm counts in ``arms``, the candidate judged against the control
+    (baseline) arm.  State: ``arms`` and ``seen`` (the prompt memory, oldest first)."""
 
     STATE = ("arms", "seen")
 
     def __init__(self, alpha: float = 1e-6, memory: int = 10_000, restart_after_alarm: bool = False):
-        self.alpha, self.memory, self.restart_after_alarm = alpha, memory, restart_after_alarm
-        self.arms: dict[str, dict[str, Any]] = {}
+        super().__init__(alpha, restart_after_alarm)
+        self.memory = memory
         # prompt key -> {"open": {arm: output key waiting for its pair partner},
         #                "wait": {arm: [repeat outcomes waiting for a match in the other arm]}}
-        self._seen: OrderedDict[str, dict[str, dict[str, Any]]] = OrderedDict()
+        self.seen: OrderedDict[str, dict[str, dict[str, Any]]] = OrderedDict()
+        self._p: float | None = None  # the candidate's p-value, derived from ``arms`` (not state)
 
-    def _arm(self, arm: str) -> dict[str, Any]:
-        return self.arms.setdefault(arm, {"comparisons": 0, "repeats": 0, "matched": 0, "discordant": 0,
-                                          "repeats_discordant": 0, "alarm": False, "alarm_index": None, "alarms": 0})
+    def _fresh_arm(self) -> dict[str, Any]:
+        return {"comparisons": 0, "repeats": 0, "matched": 0, "discordant": 0, "repeats_discordant": 0}
 
     def pvalue(self, arm: str = "candidate") -> float:
         """One-sided exact binomial p of the candidate repeating in more discordant matches than chance."""
         from scipy import stats
 
-        st = self.arms.get("candidate")
-        if arm != "candidate" or not st or not st["discordant"]:
+        st = self.arms.get(self.CANDIDATE)
+        if arm != self.CANDIDATE or not st or not st["discordant"]:
             return 1.0
         return float(stats.binom.sf(st["repeats_discordant"] - 1, st["discordant"], 0.5))
 
-    def add(self, arm: str, prompt_key: str, output_key: str):
-        """Count one sample; returns the candidate's Result when it completed a match, else None."""
-        from .base import Result
+    def update(self, arm: str, prompt_key: str, output_key: str) -> Result:
+        """Count one sample; returns the candidate's Result (``alarm_new`` only on the match that fired)."""
+        new = self._count(arm, prompt_key, output_key) if arm in ARMS else False
+        return self._result(new)
 
-        if arm not in ARMS:
-            return None
-        entry = self._seen.get(prompt_key)
+    def _count(self, arm: str, prompt_key: str, output_key: str) -> bool:
+        """Pair the sample, match the pair across arms; True when a completed match fired the alarm."""
+        entry = self.seen.get(prompt_key)
         if entry is None:
-            entry = self._seen[prompt_key] = {"open": {}, "wait": {"baseline": [], "candidate": []}}
-            if len(self._seen) > self.memory:
-                self._seen.popitem(last=False)
-        self._seen.move_to_end(prompt_key)
+            entry = self.seen[prompt_key] = {"open": {}, "wait": {"baseline": [], "candidate": []}}
+            if len(self.seen) > self.memory:
+                self.seen.popitem(last=False)
+        self.seen.move_to_end(prompt_key)
         first = entry["open"].pop(arm, None)
         if first is None:
             entry["open"][arm] = output_key
-            return None
+            return False
         repeat = first == output_key
         st = self._arm(arm)
         st["comparisons"] += 1
         st["repeats"] += repeat
-        other = "candidate" if arm == "baseline" else "baseline"
+        other = self.CANDIDATE if arm == self.CONTROL else self.CONTROL
         if not entry["wait"][other]:
             if len(entry["wait"][arm]) < KEEP_WAITING:
                 entry["wait"][arm].append(repeat)
-            return None
+            return False
         partner = entry["wait"][other].pop(0)
-        cand_rep, base_rep = (repeat, partner) if arm == "candidate" else (partner, repeat)
-        cand = self._arm("candidate")
-        self._arm("baseline")["matched"] += 1
+        cand_rep, base_rep = (repeat, partner) if arm == self.CANDIDATE else (partner, repeat)
+        cand = self._arm(self.CANDIDATE)
+        self._arm(self.CONTROL)["matched"] += 1
         cand["matched"] += 1
         if cand_rep != base_rep:
             cand["discordant"] += 1
             cand["repeats_discordant"] += cand_rep
-        p = self.pvalue()
-        new = p < self.alpha and not cand["alarm"]
-        if new:
-            cand["alarms"] += 1
-            if cand["alarm_index"] is None:
-                cand["alarm_index"] = cand["comparisons"]
-            cand["alarm"] = not self.restart_after_alarm
-        base = self.arms["baseline"]
+        self._p = self.pvalue()
+        return self._judge(cand, self._p, cand["comparisons"])
+
+    def _result(self, new: bool) -> Result:
+        """The candidate's Result; its p-value changes only when a match completes (cached till then)."""
+        cand = self.arms.get(self.CANDIDATE) or {**self._fresh_arm(), "alarm": False, "alarm_index": None}
+        base = self.control()
+        if self._p is None:
+            self._p = self.pvalue()
         return Result("repeated_samples", cand["repeats"] / max(1, cand["comparisons"]), self.alpha,
-                      cand["alarm"] or new, alarm_new=new, pvalue=p, n=cand["comparisons"],
+                      cand["alarm"] or new, alarm_new=new, pvalue=self._p, n=cand["comparisons"],
                       alarm_index=cand["alarm_index"],
                       extra={"arm": "candidate", "repeats": cand["repeats"], "comparisons": cand["comparisons"],
                              "matched": cand["matched"], "discordant": cand["discordant"],
                              "candidate_only_repeats": cand["repeats_discordant"],
-                             "baseline_repeats": base["repeats"], "baseline_comparisons": base["comparisons"]})
+                             "baseline_repeats": base.get("repeats", 0),
+                             "baseline_comparisons": base.get("comparisons", 0)})
 
-    def reset(self, arm: str | None = None) -> None:
-        for a, st in self.arms.items():
-            if arm is None or a == arm:
-                st.update(comparisons=0, repeats=0, matched=0, discordant=0, repeats_discordant=0, alarm=False,
-                          alarm_index=None)
+    def _reset_arm(self, arm: str) -> None:
+        """Counts restart, the alarm count and the prompt memory stay."""
+        self.arms[arm].update(self._fresh_arm(), alarm=False, alarm_index=None)
+        self._p = None
 
-    def get_state(self) -> dict[str, Any]:
-        return {"arms": self.arms, "seen": [[k, v] for k, v in self._seen.items()]}
+    def _after_set_state(self) -> None:
+        self._p = None
 
-    def set_state(self, st: Mapping[str, Any]) -> None:
-        self.arms = {a: dict(v) for a, v in (st.get("arms") or {}).items()}
-        self._seen = OrderedDict((k, v) for k, v in (st.get("seen") or []))
+    def _encode_state(self, name: str, value: Any) -> Any:
+        return [[k, v] for k, v in value.items()] if name == "seen" else value
+
+    def _decode_state(self, name: str, value: Any) -> Any:
+        if name == "seen":
+            return OrderedDict((k, v) for k, v in (value or []))
+        return super()._decode_state(name, value)

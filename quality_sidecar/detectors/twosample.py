@@ -297,6 +297,12 @@ class WindowedTwoSample(StatefulDetector):
         self.last_ = Result(self.name, 0.0, self.alpha, False, pvalue=1.0)
         return self
 
+    def reset(self) -> None:
+        """Restart the current window and clear the alarm; the reference stays."""
+        self.current_.clear()
+        self.pending_, self.alarm_ = 0, False
+        self.last_ = Result(self.name, 0.0, self.alpha, False, pvalue=1.0, n=self.n_)
+
     def acknowledge(self) -> None:
         """Clear the latched alarm; the windows are kept (the next test uses fresh samples anyway)."""
         self.alarm_ = False

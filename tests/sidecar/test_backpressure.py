@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from quality_sidecar.baseline_scoring import scorable
-from quality_sidecar.detectors.likelihood import ImpossibleTokenChart, SamplerParams
+from quality_sidecar.detectors.conformance_charts import ImpossibleTokenChart
+from quality_sidecar.detectors.conformance_scoring import SamplerParams
 from quality_sidecar.service import Service, ServiceConfig
 from quality_sidecar.workers import RetryPolicy
 
@@ -279,20 +280,20 @@ def test_impossible_token_chart_floor_and_control_arm() -> None:
     # exact null with zero impossible tokens: never alarms
     c = ImpossibleTokenChart(alpha=1e-6, floor_per_token=1e-5)
     for _ in range(1000):
-        assert not c.add("candidate", 100, {}).alarm
+        assert not c.update("candidate", 100, {}).alarm
     # a numeric disagreement shared by both arms (the scorer vs a bf16 engine): no alarm
     c = ImpossibleTokenChart(alpha=1e-6, floor_per_token=1e-5)
     rng = np.random.default_rng(0)
     for _ in range(2000):
         for arm in ("baseline", "candidate"):
-            r = c.add(arm, 100, {"top_p": int(rng.poisson(0.05))})
+            r = c.update(arm, 100, {"top_p": int(rng.poisson(0.05))})
             assert not (arm == "candidate" and r.alarm), r
     # the candidate alone: alarms within a few samples, says which parameter
     c = ImpossibleTokenChart(alpha=1e-6, floor_per_token=1e-5)
     first = None
     for i in range(50):
-        c.add("baseline", 100, {})
-        r = c.add("candidate", 100, {"top_p": 3})
+        c.update("baseline", 100, {})
+        r = c.update("candidate", 100, {"top_p": 3})
         if r.alarm_new and first is None:
             first = i
     assert first is not None and first < 10 and "top_p" in r.extra["reasons"]

@@ -1,4 +1,4 @@
-"""Sampling-conformance statistics (quality_sidecar.detectors.likelihood): exact under the null,
+"""Sampling-conformance statistics (quality_sidecar.detectors.conformance_*): exact under the null,
 powerful against the T>0-only fault class, honest p-values at small alpha.
 
 The null is simulated by sampling exactly as vLLM 0.32's sampler does (temperature, min-p, top-k,
@@ -13,16 +13,18 @@ import math
 import numpy as np
 import pytest
 
-from quality_sidecar.detectors.cusum import PitCusum, siegmund_arl
-from quality_sidecar.detectors.likelihood import (
+from quality_sidecar.detectors.conformance_scoring import (
     OOS_TOLERANCE_NATS,
     SamplerParams,
-    anderson_darling_uniform,
-    likelihood_shift,
-    pit_test,
     score_full,
     score_topk,
 )
+from quality_sidecar.detectors.conformance_stats import (
+    anderson_darling_uniform,
+    likelihood_shift,
+    pit_test,
+)
+from quality_sidecar.detectors.cusum import PitCusum, siegmund_arl
 
 pytestmark = pytest.mark.unit
 V = 300
@@ -59,7 +61,7 @@ def _vllm_probs(lp: np.ndarray, p: SamplerParams, fault_t: float = 1.0) -> np.nd
 @pytest.mark.parametrize("params", [SamplerParams(1.0), SamplerParams(0.7, top_p=0.9),
                                     SamplerParams(1.2, top_k=40, top_p=0.8, min_p=0.02)], ids=str)
 def test_sampler_probs_and_excess_logprob(params: SamplerParams) -> None:
-    from quality_sidecar.detectors.likelihood import excess_logprob, sampler_probs
+    from quality_sidecar.detectors.conformance_scoring import excess_logprob, sampler_probs
 
     rng = np.random.default_rng(12)
     logits = rng.standard_normal((4000, V)) * 2.5
@@ -166,7 +168,7 @@ def test_anderson_darling_pvalues_hold_at_small_alpha() -> None:
 def test_anderson_darling_tail_is_continuous_monotone_and_never_absurd() -> None:
     """Marsaglia's fit has an absolute error of ~1e-6 and diverges far out (z = 18 gave 1e-60 for a
     true ~4e-9); the tail branch must join it continuously and follow sqrt(3) erfc(sqrt(z))."""
-    from quality_sidecar.detectors import likelihood as c
+    from quality_sidecar.detectors import conformance_stats as c
 
     zs = np.linspace(0.3, 40, 4000)
     ps = np.array([c._adinf_sf(z) for z in zs])
@@ -239,7 +241,7 @@ def test_likelihood_shift_is_calibrated_and_detects_small_shifts() -> None:
 def test_full_row_pit_is_the_pit_of_sampler_probs(params: SamplerParams) -> None:
     """``score_topk`` (interval bounds for an unknown tail) and ``sampler_probs`` (full rows) both encode
     vLLM's sampler; with full rows they must give the very same PIT values, so neither can drift."""
-    from quality_sidecar.detectors.likelihood import sampler_probs
+    from quality_sidecar.detectors.conformance_scoring import sampler_probs
 
     lp, toks = _stream(params, 400, seed=5)
     full = score_full(lp, toks, params, np.random.default_rng(9))

@@ -12,18 +12,20 @@ import math
 import numpy as np
 import pytest
 
-from quality_sidecar.detectors.cusum import ExcessCusum, PitCusum
-from quality_sidecar.detectors.likelihood import (
-    EXCESS_MIN_TOKENS,
-    ConformanceChart,
+from quality_sidecar.detectors.conformance_charts import ConformanceChart
+from quality_sidecar.detectors.conformance_scoring import (
     SamplerParams,
     excess_logprob,
-    excess_test,
-    excess_totals,
     sampler_probs,
     score_full,
     score_topk,
 )
+from quality_sidecar.detectors.conformance_stats import (
+    EXCESS_MIN_TOKENS,
+    excess_test,
+    excess_totals,
+)
+from quality_sidecar.detectors.cusum import ExcessCusum, PitCusum
 
 V = 200
 
@@ -184,7 +186,7 @@ def test_conformance_chart_reads_a_pit_chart_state_from_before_the_excess_chart(
     old = PitCusum(ert_tokens=2e9, shift=0.04)
     old.update([np.random.default_rng(0).random(40) for _ in range(10)])
     chart = ConformanceChart(ert_tokens=1e9, shift=0.04)
-    chart.set_state(old.get_state())
+    chart.set_state(old.get_state()["state"])  # the flat {name: value} dict state files held then
     assert chart.pit.n_ == 10 and chart.excess.n_ == 0
 
 

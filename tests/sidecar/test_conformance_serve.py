@@ -19,7 +19,8 @@ import pytest
 import requests
 
 from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient
-from quality_sidecar.detectors.likelihood import SamplerParams, pit_test, score_topk
+from quality_sidecar.detectors.conformance_scoring import SamplerParams, score_topk
+from quality_sidecar.detectors.conformance_stats import pit_test
 from quality_sidecar.service import Service, ServiceConfig
 from vllm_lookahead.devtools.vllm_server import VllmServer
 from vllm_lookahead.prompts import load_heldout_prompts

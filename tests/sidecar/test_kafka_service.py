@@ -214,7 +214,7 @@ def test_a_lagging_topic_is_scored_whole_under_backpressure(kafka_broker, tmp_pa
     candidate that ignores top-p at every other position while the exact baseline arm stays silent."""
     import numpy as np
 
-    from quality_sidecar.detectors.likelihood import SamplerParams
+    from quality_sidecar.detectors.conformance_scoring import SamplerParams
 
     from .toy_baseline import ToyServer, V, sample
 

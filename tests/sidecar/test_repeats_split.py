@@ -43,7 +43,7 @@ def _run(seed: int, candidate_share: float, reused: bool) -> tuple[RepeatChart, 
     chart = RepeatChart()
     first, min_p = None, 1.0
     for i, (arm, pk, ok) in enumerate(_traffic(seed, candidate_share, reused)):
-        r = chart.add(arm, pk, ok)
+        r = chart.update(arm, pk, ok)
         if r is not None:
             min_p = min(min_p, r.pvalue)
             if r.alarm_new and first is None:
@@ -74,14 +74,14 @@ def test_state_round_trip_continues_exactly() -> None:
     events = list(_traffic(4, 0.9, reused=True))[:30_000]
     whole = RepeatChart()
     for e in events:
-        whole.add(*e)
+        whole.update(*e)
     half = RepeatChart()
     for e in events[:15_000]:
-        half.add(*e)
+        half.update(*e)
     import json
 
     resumed = RepeatChart()
     resumed.set_state(json.loads(json.dumps(half.get_state())))
     for e in events[15_000:]:
-        resumed.add(*e)
+        resumed.update(*e)
     assert resumed.arms == whole.arms and resumed.arms["candidate"]["alarm"]

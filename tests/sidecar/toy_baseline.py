@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from quality_sidecar.detectors.likelihood import SamplerParams, sampler_probs
+from quality_sidecar.detectors.conformance_scoring import SamplerParams, sampler_probs
 
 V = 64
 

@@ -53,7 +53,7 @@ def sample_run(name: str, outs, temperature: float, seed: int = 0):
 def likelihood_pvalues(run) -> dict[str, float]:
     """One-sample tests of a scored run under the model: Anderson-Darling p of the randomized PIT at
     each token position (``pit_pos<j>``) and the excess log-prob test's p over all tokens (``excess``)."""
-    from quality_sidecar.detectors.likelihood import excess_test, excess_totals, pit_test
+    from quality_sidecar.detectors.conformance_stats import excess_test, excess_totals, pit_test
 
     by_pos: dict[int, list[float]] = {}
     for sc in run.scores:

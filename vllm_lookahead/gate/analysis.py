@@ -117,7 +117,7 @@ def _exact(base: RunResult, other: RunResult) -> dict[str, Any]:
 def _conformance(run: RunResult) -> dict[str, Any]:
     """One arm's T>0 samples under the baseline model: mean token log-prob, PIT values, out-of-support
     tokens (by the parameter that excludes them), and the excess per sampling profile."""
-    from quality_sidecar.detectors.likelihood import excess_test, excess_totals
+    from quality_sidecar.detectors.conformance_stats import excess_test, excess_totals
     from vllm_lookahead.gate.profiles import profile_of
 
     sc = [x for x in (run.scores or []) if x["n_tokens"]]
@@ -165,7 +165,7 @@ def _sampled(b: list[dict], c: list[dict], bruns: RunResult, cruns: RunResult, p
     """T>0 comparison: surface features (length, stop/pass/flag rates) plus the likelihood tests
     (excess log-prob and PIT of the candidate's samples, likelihood shift candidate - baseline), all
     adjusted together."""
-    from quality_sidecar.detectors.likelihood import (
+    from quality_sidecar.detectors.conformance_stats import (
         EXCESS_MIN_TOKENS,
         excess_test,
         likelihood_shift,

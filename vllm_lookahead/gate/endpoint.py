@@ -312,7 +312,7 @@ class _RetryingLogprobClient:
 class HttpScorer:
     """Score T>0 samples of both arms under the *baseline endpoint*: its top-K log-probs of every
     output position (``LogprobClient``), turned into PIT values and token log-probs by
-    ``score_topk`` -- exact by coarsening, see ``quality_sidecar.detectors.likelihood``."""
+    ``score_topk`` -- exact by coarsening, see ``quality_sidecar.detectors.conformance_scoring``."""
 
     def __init__(self, client: EndpointClient, seed: int = 0, concurrency: int = 8):
         self.client, self.seed, self.concurrency = client, seed, concurrency
@@ -330,7 +330,7 @@ class HttpScorer:
 
     def score(self, runs: list[RunResult]) -> float:
         """Each record under the sampler of its own profile (``run.sampling``)."""
-        from quality_sidecar.detectors.likelihood import score_topk
+        from quality_sidecar.detectors.conformance_scoring import score_topk
 
         lp = _RetryingLogprobClient(self.client)
         t_all = time.perf_counter()

@@ -5,7 +5,7 @@ kernel left the per-token temperatures of draft positions uninitialised) keeps e
 bit-identical and barely moves length, stop rate or pass rate; the model's own likelihood of the
 sampled tokens sees it.  Every sample (prompt ids + output ids) is fed as one prompt to a baseline
 engine; ``vllm_lookahead.vllm.prompt_scores`` hands back the full raw log-prob row at each output
-position, and ``quality_sidecar.detectors.likelihood.score_full`` turns it into the raw token
+position, and ``quality_sidecar.detectors.conformance_scoring.score_full`` turns it into the raw token
 log-probs and randomized PIT values of that sample under the sampler the request asked for.
 
 The scoring engine should have prefix caching on (``run.score_samples`` starts one that does): the
@@ -38,7 +38,7 @@ def score_runs(llm: Any, runs: list[RunResult], *, chunk: int = 64, seed: int = 
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from quality_sidecar.detectors.likelihood import score_full
+    from quality_sidecar.detectors.conformance_scoring import score_full
     from vllm_lookahead.gate.profiles import profile_of
     from vllm_lookahead.vllm.prompt_scores import scoring
 

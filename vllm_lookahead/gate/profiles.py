@@ -55,7 +55,7 @@ class SamplingProfile:
 
     def sampler(self) -> Any:
         """The distribution the sampler must use (``quality_sidecar`` SamplerParams)."""
-        from quality_sidecar.detectors.likelihood import SamplerParams
+        from quality_sidecar.detectors.conformance_scoring import SamplerParams
 
         return SamplerParams(self.temperature, self.top_k, self.top_p, self.min_p)
 

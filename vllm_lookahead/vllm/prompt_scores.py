@@ -1,7 +1,7 @@
 """Full log-prob rows of prompt positions from an in-process vLLM 0.32 engine (the gate's T>0 scorer).
 
 Why: the release gate judges T>0 samples by the baseline model's own distribution (randomized PIT and
-likelihood shift, ``quality_sidecar.detectors.likelihood``), which needs, at every output position
+likelihood shift, ``quality_sidecar.detectors.conformance_scoring``), which needs, at every output position
 of every sample, the model's whole log-softmax row.  vLLM can return it (``SamplingParams(
 prompt_logprobs=-1)``) but only as one Python dict of ``vocab`` ``Logprob`` objects per position:
 4096 objects x ~50 positions x hundreds of samples is minutes of object churn for a few MB of floats.
