@@ -222,3 +222,24 @@ def test_old_impossible_and_repeat_chart_states_load() -> None:
     loaded.set_state(old)
     assert _strict_json(loaded.get_state()) == new
     assert _result_json(_repeats(loaded, np.random.default_rng(6))) == _result_json(_repeats(rc, np.random.default_rng(6)))
+
+
+def test_a_checkpointed_conformance_monitor_from_before_the_contract_loads() -> None:
+    """What ``Pipeline.get_state`` wrote under ``conformance`` per model before the contract: the charts'
+    flat states and the impossible-token chart's unversioned arms."""
+    from quality_sidecar.baseline_scoring import ConformanceConfig, ConformanceMonitor
+
+    cfg = ConformanceConfig(ert_tokens=1e5, shift=0.2)
+    mon = ConformanceMonitor("toy", cfg)
+    scores, positions = _scores(np.random.default_rng(7), 40)
+    for sc, pos in zip(scores, positions):
+        mon.add("candidate", sc, None, "r", pos)
+    mon.add_impossible("candidate", 40, {"top_k": 2}, None, "r")
+    new = _strict_json(mon.get_state())
+    old = {"stats": new["stats"], "impossible": new["impossible"]["state"],
+           "charts": {a: {k: c["state"][k]["state"] for k in ("pit", "excess", "late")}
+                      for a, c in new["charts"].items()}}
+    loaded = ConformanceMonitor("toy", cfg)
+    loaded.set_state(old)
+    assert _strict_json(loaded.get_state()) == new
+    assert loaded.charts["candidate"].alarm_ == mon.charts["candidate"].alarm_
