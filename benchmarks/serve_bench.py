@@ -3,13 +3,16 @@ vLLM's own client, at several concurrencies and temperatures.
 
 Why: ``vllm-lookahead bench`` drives an in-process engine (``vllm.LLM``); users run ``vllm serve``
 behind HTTP, sampling at T > 0, with many clients.  This starts ``vllm-lookahead serve MODEL`` once
-per method and repeat (the methods' servers interleaved within a repeat, their order rotating), waits
-for /health, and runs vLLM's serving benchmark (``vllm bench serve`` = ``vllm/benchmarks/serve.py``,
+per method, all of them up for the whole run (an idle server costs memory, not CPU), waits for
+/health, and runs vLLM's serving benchmark (``vllm bench serve`` = ``vllm/benchmarks/serve.py``,
 called in this process: the CPU wheel's ``vllm`` console script fails at start-up) on the repo's
-held-out prompts as a custom JSONL dataset.  Each (concurrency, temperature) cell gets its own slice
-of prompts, the same for every method: a server never sees a prompt twice, so decoders with
-cross-request memory (lookahead's, suffix's global tree) and the prefix cache are not credited with
-having seen the answer.  Concurrency ``all`` = every request at once (saturation).
+held-out prompts as a custom JSONL dataset.  The methods are interleaved cell by cell (their order
+rotating), so the runs a ratio pairs are seconds apart, not a server restart apart: on a shared
+machine whose speed drifts by tens of percent between minutes that is what keeps a ratio honest.
+Each (repeat, concurrency, temperature) cell gets its own slice of prompts, the same for every method:
+a server never sees a prompt twice, so decoders with cross-request memory (lookahead's, suffix's global
+tree) and the prefix cache are not credited with having seen the answer.  Concurrency ``all`` = every
+request at once (saturation).
 
     python benchmarks/serve_bench.py --prompts open --n 64 --max-tokens 128 \\
         --methods none,lookahead:k=8,ngram:k=8,suffix:k=8 --max-concurrency 1,8,32,all \\
@@ -77,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (at most; EOS ends it)")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="generate exactly --max-tokens per request (every method does the same work)")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="repeats, each on its own prompts, methods interleaved cell by cell (default 3)")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for every `vllm-lookahead serve` (repeatable), e.g. --serve-arg=--enforce-eager")
@@ -226,8 +230,8 @@ def print_summary(summary: list[dict[str, Any]]) -> None:
 
 
 def load_cells(args: argparse.Namespace, model: str, name: str, n_cells: int) -> list[str]:
-    """``n_cells`` x ``--n`` distinct prompts of set ``name`` (one slice per cell) that fit the context
-    with room for the output and a draft."""
+    """``n_cells`` x ``--n`` distinct prompts of set ``name`` (one slice per cell and repeat) that fit the
+    context with room for the output and a draft."""
     from transformers import AutoTokenizer
 
     from vllm_lookahead.bench import load_prompts
@@ -257,46 +261,53 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("the first method must be none (the ratios' reference); --repeats and --n >= 1")
         sets = parse_prompt_sets(args.prompts, concurrencies)
         cells = [(name, c, t) for name, concs in sets for t in temperatures for c in concs]
-        prompts = [p for name, _ in sets
-                   for p in load_cells(args, model, name, sum(1 for cell in cells if cell[0] == name))]
+        per_set = {name: load_cells(args, model, name, args.repeats * sum(1 for cell in cells if cell[0] == name))
+                   for name, _ in sets}
     except (SpecError, ValueError, OSError) as e:
         print(f"serve_bench: {e}", file=sys.stderr)
         return 2
     work = args.workdir or Path(tempfile.mkdtemp(prefix="serve_bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    datasets = []
-    for i in range(len(cells)):
-        path = work / f"cell{i}.jsonl"
-        path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts[i * args.n : (i + 1) * args.n]))
-        datasets.append(path)
+    datasets: dict[tuple[int, int], Path] = {}  # (repeat, cell) -> its prompts
+    taken = dict.fromkeys(per_set, 0)
+    for rep in range(1, args.repeats + 1):
+        for i, (name, _, _) in enumerate(cells):
+            path = datasets[rep, i] = work / f"rep{rep}-cell{i}.jsonl"
+            chunk = per_set[name][taken[name]: taken[name] + args.n]
+            taken[name] += args.n
+            path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in chunk))
     warm = work / "warmup.jsonl"
     warm.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):\n", "import os\n")))
     code, runs, load = code_version(), [], []
     # the KV cache size the caller set wins over the server helper's small test default (1 GiB)
     kv_env = {k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE",) if k in os.environ}
-    bar = tqdm(total=args.repeats * len(specs) * len(cells), unit="run", desc="serve_bench")
-    for rep in range(1, args.repeats + 1):
-        order = specs[(rep - 1) % len(specs):] + specs[: (rep - 1) % len(specs)]  # no method always first
-        for spec in order:
-            bar.set_postfix_str(f"starting {spec.text}")
-            server = VllmServer(model, kv_env, serve_args(spec, args), str(work)).start()
+    servers: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        for k, spec in enumerate(specs):
+            print(f"[serve_bench] starting {spec.text}", file=sys.stderr, flush=True)
+            (work / f"server{k}").mkdir(exist_ok=True)
+            server = servers[spec.text] = VllmServer(model, kv_env, serve_args(spec, args), str(work / f"server{k}"))
+            stack.callback(server.stop)
+            server.start()
+            run_client(client_argv(server.url, model, warm, 2, 1, 0.0, args), work / "client.log")
+        bar = tqdm(total=args.repeats * len(specs) * len(cells), unit="run", desc="serve_bench")
+        for rep in range(1, args.repeats + 1):
             before = _load()
-            try:
-                run_client(client_argv(server.url, model, warm, 2, 1, 0.0, args), work / "client.log")
-                for (name, conc, temp), data in zip(cells, datasets):
+            for i, (name, conc, temp) in enumerate(cells):
+                shift = (rep - 1 + i) % len(specs)  # no method always first
+                for spec in specs[shift:] + specs[:shift]:
                     bar.set_postfix_str(f"{spec.text} {name} concurrency {_conc(conc)} T={temp}")
-                    got = run_client(client_argv(server.url, model, data, args.n, conc, temp, args), work / "client.log")
+                    got = run_client(client_argv(servers[spec.text].url, model, datasets[rep, i], args.n, conc, temp,
+                                                 args), work / "client.log")
                     runs.append({"repeat": rep, "method": spec.text, "prompts": name, "max_concurrency": conc,
                                  "temperature": temp, **got})
                     bar.update(1)
-            finally:
-                server.stop()
-            load.append({"repeat": rep, "method": spec.text, "before": before, "after": _load()})
-        add_ratios([r for r in runs if r["repeat"] == rep])
-        for r in runs:
-            if r["repeat"] == rep:
-                bar.write(describe(r), file=sys.stderr)
-    bar.close()
+            load.append({"repeat": rep, "before": before, "after": _load()})
+            add_ratios([r for r in runs if r["repeat"] == rep])
+            for r in runs:
+                if r["repeat"] == rep:
+                    bar.write(describe(r), file=sys.stderr)
+        bar.close()
     summary = summarize(runs)
     print_summary(summary)
     out = {"command": "python benchmarks/serve_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
