@@ -145,7 +145,9 @@ class LogprobClient:
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/completions; failures as ``WorkFailed`` (``rejected_token_ids`` when the server
-        refuses the sequence's token ids: vLLM answers 400 "Token id N is out of vocabulary")."""
+        refuses the sequence's token ids: vLLM answers 400 "Token id N is out of vocabulary";
+        ``context_limit`` when the sequence plus the one token a request must ask for exceeds the
+        server's context: 400 "This model's maximum context length is N tokens...")."""
         import requests
 
         try:
@@ -156,6 +158,8 @@ class LogprobClient:
             err = http_status_failure(self.url, r.status_code, r.text)
             if r.status_code == 400 and re.search(r"token[ _]?id|vocab", r.text, re.I):
                 err.reason = "rejected_token_ids"
+            elif r.status_code == 400 and re.search(r"maximum context length", r.text, re.I):
+                err.reason = "context_limit"
             raise err
         try:
             return r.json()
@@ -166,16 +170,30 @@ class LogprobClient:
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(top_ids [n, K], top_logprobs [n, K], token_logprobs [n]) for the n = len(output_ids) outputs;
         K = ``k_for(top_k)``.  A server that refuses that K (vLLM: 400 "... greater than max allowed: 20")
-        is asked again with its maximum, which is remembered."""
+        is asked again with its maximum, which is remembered.
+
+        An output that ran to the context limit (prompt + output = the server's max_model_len) cannot be
+        sent whole: a request must leave room for one generated token.  It is scored without its last
+        token (n - 1 rows): the scored tokens are then a prefix of the output whose length was fixed by
+        the context, not by what the sampler drew, so the PIT and excess statistics stay unbiased."""
         k = self.k_for(top_k)
         try:
-            return self._score(prompt_ids, output_ids, model, k)
+            return self._score_fitting(prompt_ids, output_ids, model, k)
         except Exception as e:  # WorkFailed here; the gate's endpoint client raises its own errors
             m = re.search(r"logprobs.{0,80}max(?:imum)? allowed:?\s*(\d+)", str(e), re.I)
             if not m or k <= self.k or int(m.group(1)) >= k:
                 raise
             self.server_max = max(self.k, int(m.group(1)))
-            return self._score(prompt_ids, output_ids, model, self.server_max)
+            return self._score_fitting(prompt_ids, output_ids, model, self.server_max)
+
+    def _score_fitting(self, prompt_ids: list[int], output_ids: list[int], model: str | None, k: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        try:
+            return self._score(prompt_ids, output_ids, model, k)
+        except WorkFailed as e:
+            if e.reason != "context_limit" or len(output_ids) < 2:
+                raise
+            return self._score(prompt_ids, output_ids[:-1], model, k)
 
     def _score(self, prompt_ids: list[int], output_ids: list[int], model: str | None, k: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -310,7 +328,8 @@ def score_sample(client: LogprobClient, sample: dict[str, Any], params: SamplerP
     sc = out_of_vocab_score(out, cfg.vocab_size) if cfg.vocab_size else None
     if sc is None:
         ids, lps, tok = client.score(sample["prompt_token_ids"], out, model=sample.get("model"), top_k=params.top_k)
-        sc = score_topk(ids, lps, out, tok, params, rng, vocab_size=cfg.vocab_size, tolerance=cfg.oos_tolerance_nats)
+        sc = score_topk(ids, lps, out[:len(tok)], tok, params, rng, vocab_size=cfg.vocab_size,
+                        tolerance=cfg.oos_tolerance_nats)  # a prefix of the output at the context limit
     return sc
 
 

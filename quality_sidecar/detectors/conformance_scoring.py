@@ -129,10 +129,12 @@ class SequenceScore:
 
     def late_draft_excess(self, positions: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
         """(excess, excess_var) of the scored tokens at draft position >= ``LATE_DRAFT_POSITION``, given
-        every output token's draft position; None without positions for exactly these tokens.  The
+        every output token's draft position; None without positions for at least these tokens.  The scored
+        tokens are a prefix of the output (all of it, or all but the last at the context limit).  The
         sidecar's late-position chart and the gate's late-position test both select with this."""
-        if positions is None or len(positions) != self.n_tokens:
+        if positions is None or len(positions) < self.n_tokens:
             return None
+        positions = np.asarray(positions)[:self.n_tokens]
         sel = (np.asarray(positions) >= LATE_DRAFT_POSITION)[self.kept] if len(self.kept) else np.zeros(0, bool)
         return self.excess[sel], self.excess_var[sel]
 

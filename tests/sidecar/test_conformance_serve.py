@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 import requests
 
-from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient
+from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient, score_sample
 from quality_sidecar.detectors.conformance_scoring import SamplerParams, score_topk
 from quality_sidecar.detectors.conformance_stats import pit_test
 from quality_sidecar.service import Service, ServiceConfig
+from quality_sidecar.workers import WorkFailed
 from vllm_lookahead.devtools.vllm_server import VllmServer
 from vllm_lookahead.prompts import load_heldout_prompts
 
@@ -130,6 +131,35 @@ def test_vllm_sends_minus_inf_as_minus_9999_and_the_scorer_reads_it_as_impossibl
     sc = score_topk(ids, lps, out, tok, SamplerParams(1.0), np.random.default_rng(0), vocab_size=VOCAB)
     assert sc.oos_reasons == {"vocab": 1} and sc.out_of_support == 1
     assert sc.mean_logprob == pytest.approx(float(np.mean(toks[:-1])))  # not (sum - 9999) / n
+
+
+def test_an_output_at_the_context_limit_is_scored_without_its_last_token(server) -> None:
+    """prompt + output = the server's max_model_len (768): a scoring request must leave room for one
+    generated token, so the whole sequence is refused (vLLM's 400 "maximum context length"); the scorer
+    scores the output without its last token.  Its log-probs are the generating server's own (T=1,
+    processed log-probs = raw): the prefix is scored, not dropped."""
+    text = load_heldout_prompts(1, "open", seed=9)[0]
+    ids = requests.post(server.url + "/tokenize", json={"model": "demo", "prompt": text}, timeout=60).json()["tokens"]
+    prompt = (ids * (736 // len(ids) + 1))[:736]
+    body = {"model": "demo", "prompt": prompt, "max_tokens": 32, "temperature": 1.0, "ignore_eos": True,
+            "logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True, "seed": 3}
+    r = requests.post(server.url + "/v1/completions", json=body, timeout=300)
+    r.raise_for_status()
+    choice = r.json()["choices"][0]
+    out = list(choice["token_ids"])
+    assert len(prompt) + len(out) == 768
+    client = LogprobClient(server.url, model="demo")
+    with pytest.raises(WorkFailed) as refused:
+        client._score(prompt, out, "demo", 20)
+    assert refused.value.reason == "context_limit"
+    top_ids, lps, tok = client.score(prompt, out, model="demo")
+    assert len(tok) == len(out) - 1 and top_ids.shape == (len(out) - 1, 20)
+    np.testing.assert_allclose(tok, choice["logprobs"]["token_logprobs"][:-1], atol=2e-3)
+    sample = {"model": "demo", "prompt_token_ids": prompt, "output": {"token_ids": out},
+              "spec": {"draft_mask": "." * len(out)}}
+    sc = score_sample(client, sample, SamplerParams(1.0), ConformanceConfig(vocab_size=VOCAB), np.random.default_rng(0))
+    assert sc.n_tokens == len(out) - 1 and sc.out_of_support == 0
+    assert sc.late_draft_excess(np.zeros(len(out), np.int64)) is not None
 
 
 def test_sidecar_alarms_on_the_sharper_sampler_only(server, streams, tmp_path: Path) -> None:

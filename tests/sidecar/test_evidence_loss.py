@@ -2,7 +2,7 @@
 
 Two ways a faulty candidate can hide from the T>0 checks: its outputs cannot be judged (aborted,
 errored: ``twosample_unscored`` in the windowed Holm family), or the baseline server refuses to score
-them (outputs run to the context limit: ``twosample_evidence_loss``, Fisher at each candidate give-up).
+them (e.g. rejects their token ids: ``twosample_evidence_loss``, Fisher at each candidate give-up).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from quality_sidecar.monitor import ArmComparison, MonitorConfig
-from quality_sidecar.service import Pipeline, ServiceConfig
+from quality_sidecar.pipeline import Pipeline
+from quality_sidecar.service import ServiceConfig
 from quality_sidecar.synth import SampleStream
 
 pytestmark = pytest.mark.unit
@@ -64,4 +65,4 @@ def test_unscorable_t_above_0_samples_are_flagged_for_the_arm_comparison() -> No
     feats = pipe.classify(s)
     assert [f.flags["unscored"] for f in feats] == [False, True]
     pipe.worker_failed(s[0], "rejected")
-    assert pipe.compare["m"].lost["candidate"] == [1, 1]
+    assert pipe.charts.compare["m"].lost["candidate"] == [1, 1]
