@@ -214,7 +214,10 @@ def test_sampling_profiles_are_validated_and_the_old_key_names_its_replacement()
     f = p.request_fields("item-3", 1, 0)
     assert f["top_p"] == p.top_p and f["top_k"] == p.top_k and isinstance(f["seed"], int)
     assert f["seed"] == p.request_fields("item-3", 1, 0)["seed"] != p.request_fields("item-3", 3, 0)["seed"]
-    assert "seed" not in profiles[0].request_fields("item-3", 0, 0)  # engine seed: none per request
+    engine = dataclasses.replace(profiles[0], seed="engine")
+    assert "seed" not in engine.request_fields("item-3", 0, 0)  # engine seed: none per request
+    # by default every profile seeds each request, so both arms draw sample j of item i alike (seeded_exact)
+    assert all(p.seed == "per_request" for p in profiles)
 
 
 # ---------------------------------------------------------------- analysis on constructed runs

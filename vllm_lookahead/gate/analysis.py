@@ -1,7 +1,7 @@
 """Turn the runs into measurements and a verdict.
 
 Inputs: the eval items, the baseline arm (greedy batch, its A/A partner at another batch size, the
-batch-1 latency subset, optional T>0 samples) and the candidate arm (greedy batch, one-at-a-time latency subset, optional samples).
+batch-1 latency subset, optional T>0 samples and, with per-request seeds, their A/A partner) and the candidate arm (greedy batch, one-at-a-time latency subset, optional samples).
 Output: one JSON-friendly dict (``criteria`` + ``verdict`` + every measurement behind them) that the
 report module renders.  Behavioural guards come from ``quality_sidecar.classifiers`` (shared with the
 sidecar, never copied here).
@@ -284,6 +284,44 @@ def _exact_match(base: ArmRuns, cand: ArmRuns) -> dict[str, Any]:
             "batch1": {"candidate": seq_exact, "aa": seq_aa, "excess_mismatch": seq_excess, "p_value": p_seq}}
 
 
+def _seeded_pairs(base: RunResult, other: RunResult) -> dict[str, Any]:
+    """Per-request-seeded T>0 samples paired by (item, sample index): how many differ token for token."""
+    from vllm_lookahead.gate.profiles import profile_of
+
+    def seeded(run: RunResult) -> dict[tuple[str, int], list[int]]:
+        return {(r.item_id, r.sample): r.token_ids for r in run.records if run.sampling
+                and profile_of(run.sampling, r.sample).seed == "per_request"}
+
+    b, o = seeded(base), seeded(other)
+    differ = sorted(f"{i}#{s}" for (i, s), ids in o.items() if (i, s) in b and b[(i, s)] != ids)
+    n = sum(1 for key in o if key in b)
+    return {"n": n, "mismatches": len(differ), "diverged": differ}
+
+
+def coupled_of(steps: dict[str, int] | None) -> bool | None:
+    """Is a run's candidate *measured* coupled: at least one T>0 drafted step verified by coupled
+    verification and none by vLLM's rejection sampler?  None: not measurable (an endpoint)."""
+    if steps is None:
+        return None
+    return steps.get("coupled", 0) >= 1 and steps.get("rejection_sampler", 0) == 0
+
+
+def _seeded_exact(base: ArmRuns, cand: ArmRuns) -> dict[str, Any] | None:
+    """The candidate's seeded T>0 samples vs the baseline's, token for token, against the baseline's
+    own seeded A/A run (the same samples at another batch shape); None without T>0 samples."""
+    if base.sampled is None or cand.sampled is None:
+        return None
+    pairs = _seeded_pairs(base.sampled, cand.sampled)
+    aa = _seeded_pairs(base.sampled, base.sampled_aa) if base.sampled_aa is not None else None
+    n, mm = pairs["n"], pairs["mismatches"]
+    aa_mm, aa_n = (aa["mismatches"], aa["n"]) if aa else (0, n)  # no A/A: judged against none
+    steps = cand.sampled.verifier_steps
+    return {"candidate": pairs, "aa": aa, "aa_mode": base.sampled_aa.mode if base.sampled_aa else None,
+            "excess_mismatch": mm / n - aa_mm / max(1, aa_n) if n else None,
+            "p_value": stats.fisher_greater_p(mm, n, aa_mm, aa_n) if n else None,
+            "verifier_steps": steps, "coupled": coupled_of(steps)}
+
+
 def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[str, Any],
             classifiers: list[Any], latency_ids: list[str], dtype: str | None = None) -> dict[str, Any]:
     """All measurements, every criterion of ``criteria.CRITERIA`` with value / threshold / pass, and the
@@ -330,8 +368,9 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
     bt, ct = lat_b.get("seq_tokens_per_s"), lat_c.get("seq_tokens_per_s")
     latency = {"baseline": lat_b, "candidate": lat_c, "speedup_batch1": ct / bt if bt and ct else None}
 
+    seeded_exact = _seeded_exact(base, cand)
     cx = Context(items, base, cand, policy, {"baseline": bsc, "candidate": csc}, overall, per_task,
-                 exact_match, behaviour, sampled, latency)
+                 exact_match, behaviour, sampled, latency, seeded_exact)
     criteria = [criterion(cx) for criterion in CRITERIA]
     failed = [x["name"] for x in criteria if x["required"] and x["passed"] is not True]
     # a required criterion that could not be measured (None) fails the gate too
@@ -342,7 +381,7 @@ def analyse(items: list[EvalItem], base: ArmRuns, cand: ArmRuns, policy: dict[st
         "n_items": len(items), "tasks": tasks,
         "pass_rate": {"overall": asdict(overall), "per_task": per_task},
         "exact_match": exact_match,
-        "behaviour": behaviour, "sampled": sampled,
+        "behaviour": behaviour, "sampled": sampled, "seeded_exact": seeded_exact,
         "latency": latency,
         "mde": {"observed_discordance": p_disc,
                 "pass_rate_delta_at_80pct_power": stats.mcnemar_mde(len(items), max(p_disc, 1 / len(items)), alpha=alpha)},

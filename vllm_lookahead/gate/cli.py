@@ -141,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.junit:
         Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
         Path(args.junit).write_text(paths["junit"].read_text())
-    from vllm_lookahead.gate.report import criteria_table
+    from vllm_lookahead.gate.report import criteria_table, seeded_table
 
     print(criteria_table(result))
+    if seeded_table(result):
+        print("\n".join(seeded_table(result)))
     print(f"\nverdict: {result['verdict']}" + (f" (failed: {', '.join(result['failed'])})" if result["failed"] else ""))
     if result.get("crash"):
         print(f"{result['criteria'][0]['detail']}\nreport: {paths['html']} (also {paths['junit'].name})")

@@ -38,6 +38,7 @@ class Context:
     behaviour: list[dict[str, Any]]  # likewise
     sampled: dict[str, Any] | None
     latency: dict[str, Any]
+    seeded_exact: dict[str, Any] | None = None  # seeded T>0 samples paired with the baseline's
 
 
 def pass_rate_overall(cx: Context) -> dict[str, Any]:
@@ -161,6 +162,47 @@ def sampled(cx: Context) -> dict[str, Any]:
         ", ".join(f"{k} p={v:.3g}" for k, v in s["p_adjusted"].items()))
 
 
+def seeded_exact(cx: Context) -> dict[str, Any]:
+    """A coupled candidate (lookahead's coupled verification on CPU float32) samples every output
+    position as plain decoding does, so a per-request-seeded T>0 sample must be token-identical to the
+    baseline's beyond what the baseline's own seeded A/A run varies (fp32 flips from batch shape).
+    Required under ``required: auto`` only when the candidate is *measured* coupled: >= 1 T>0 drafted
+    step verified by coupled verification and none by vLLM's rejection sampler (exact only in
+    distribution: its seeded samples differ by design, and the ``sampled`` tests judge it)."""
+    c, alpha, sx = cx.policy["criteria"]["seeded_exact"], cx.policy["alpha"], cx.seeded_exact
+    mode = c["required"]
+    threshold = (f"seeded T>0 samples token for token vs the baseline's: mismatch(candidate) - mismatch(A/A) "
+                 f"<= {c['max_excess_mismatch']} and not significantly higher (one-sided Fisher p < {alpha})")
+    if sx is None or not sx["candidate"]["n"]:
+        why = ("no T>0 samples (samples_per_item: 0)" if sx is None else
+               "no per-request-seeded T>0 samples (every sampled profile says seed: engine)")
+        return crit("seeded_exact", None, threshold, None, mode is True, why + ": not measured")
+    steps, coupled = sx["verifier_steps"], sx["coupled"]
+    if coupled is None:
+        why = ("coupling not measurable (endpoint candidate): " +
+               ("required by the policy (required: true)" if mode is True else
+                "not required under required: auto; the sampled statistical tests judge it"))
+    elif coupled:
+        why = (f"coupled ({steps['coupled']} T>0 drafted steps, all by coupled verification)"
+               + (": required" if mode is not False else "; required: false"))
+    else:
+        rs = steps.get("rejection_sampler", 0)
+        why = (f"not coupled: {rs} T>0 drafted steps verified by vLLM's rejection sampler, "
+               f"{steps.get('coupled', 0)} by coupled verification" +
+               ("" if rs else " (a proposer other than lookahead's, or no drafts at T>0)") +
+               ("; required by the policy (required: true)" if mode is True
+                else "; the sampled statistical tests judge it"))
+    required = mode is True or (mode == "auto" and coupled is True)
+    cand, aa, excess, p = sx["candidate"], sx["aa"], sx["excess_mismatch"], sx["p_value"]
+    aa_txt = (f"A/A {aa['mismatches']}/{aa['n']} ({sx['aa_mode']} vs all at once)" if aa
+              else "A/A not run: judged against 0 mismatches")
+    return crit(
+        "seeded_exact", round(excess, 4), threshold,
+        excess <= c["max_excess_mismatch"] and not p < alpha, required,
+        f"{why}; {cand['mismatches']}/{cand['n']} seeded samples differ from the baseline's, {aa_txt}, "
+        f"excess {excess:+.4f}, one-sided Fisher p={p:.3g}")
+
+
 def latency(cx: Context) -> dict[str, Any]:
     """The speed-up the change is for (tokens/s at batch 1).  Informational unless the policy requires
     it, and even then one more condition: a latency win never clears the gate on its own."""
@@ -188,4 +230,5 @@ def acceptance_length(cx: Context) -> dict[str, Any]:
 
 
 # The registry: the report lists the criteria in this order.
-CRITERIA = (pass_rate_overall, pass_rate_per_task, exact_match, behaviour, sampled, latency, acceptance_length)
+CRITERIA = (pass_rate_overall, pass_rate_per_task, exact_match, behaviour, sampled, seeded_exact, latency,
+            acceptance_length)

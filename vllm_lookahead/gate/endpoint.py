@@ -40,7 +40,7 @@ from quality_sidecar.workers import WorkFailed
 from vllm_lookahead.gate.engine import ArmRuns, RequestRecord, RunCrashed, RunResult
 from vllm_lookahead.gate.evalset import EvalItem
 from vllm_lookahead.gate.inprocess_scoring import empty_score, score_dict
-from vllm_lookahead.gate.profiles import SamplingProfile, profile_of
+from vllm_lookahead.gate.profiles import SamplingProfile, profile_of, seeded
 
 PROBE_PROMPT = "def add(a, b):\n    return"
 
@@ -284,7 +284,7 @@ class HttpEngine:
                 concurrency: int = 16, progress: Callable[[str], None] | None = None) -> ArmRuns:
         """Greedy at ``concurrency``; the A/A partner (baseline: every item again at ``aa_batch_size``
         in flight, another batch composition on the server); the batch-1 latency subset one at a time;
-        the T>0 samples."""
+        the T>0 samples (baseline, per-request seeds: again at ``aa_batch_size`` in flight)."""
         greedy = self.run(name, items, concurrency=concurrency, progress=progress)
         aa = (self.run(f"{name} A/A", items, concurrency=aa_batch_size, progress=progress)
               if aa_batch_size else None)
@@ -292,7 +292,11 @@ class HttpEngine:
                if sequential_items else None)
         sampled = (self.run(f"{name} T>0", items, concurrency=concurrency, profiles=profiles,
                             samples=samples, progress=progress) if samples > 0 and profiles else None)
-        return ArmRuns(greedy, seq, sampled, 0.0, aa)
+        # per-request seeds: the samples again at another concurrency (the seeded A/A partner)
+        sampled_aa = (self.run(f"{name} T>0 A/A", items, concurrency=aa_batch_size, profiles=profiles,
+                               samples=samples, progress=progress)
+                      if sampled is not None and aa_batch_size and seeded(profiles) else None)
+        return ArmRuns(greedy, seq, sampled, 0.0, aa, sampled_aa)
 
 
 class _RetryingLogprobClient:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from vllm_lookahead.decoders import DecoderSpec
 from vllm_lookahead.gate.evalset import EvalItem
-from vllm_lookahead.gate.profiles import SamplingProfile
+from vllm_lookahead.gate.profiles import SamplingProfile, seeded
 
 
 @dataclass
@@ -80,6 +80,9 @@ class RunResult:
     scores: list[dict[str, Any]] | None = None
     scoring_s: float | None = None
     scoring_check: float | None = None  # max |full row at the token - vLLM's own prompt log-prob|
+    # T>0 speculative steps with drafts during this run, by verifier (``coupled_verify.STEPS`` delta:
+    # "coupled", "rejection_sampler"); in-process only -- None where it cannot be measured (HTTP)
+    verifier_steps: dict[str, int] | None = None
 
     def by_item(self, sample: int = 0) -> dict[str, RequestRecord]:
         return {r.item_id: r for r in self.records if r.sample == sample}
@@ -234,26 +237,33 @@ class GateEngine:
                               max_tokens=mt)
 
     def run_batch(self, name: str, items: list[EvalItem], *, profiles: list[SamplingProfile] | None = None,
-                  samples: int = 1) -> RunResult:
+                  samples: int = 1, chunk: int | None = None) -> RunResult:
         """All prompts (x samples) submitted at once; vLLM schedules the batch.  Greedy without
         ``profiles``; else sample j of each item is drawn with ``profile_of(profiles, j)``, the samples
-        of one profile submitted together (a crash then names its profile)."""
+        of one profile submitted together (a crash then names its profile).  ``chunk``: ``chunk``
+        requests at a time instead (the seeded T>0 A/A partner: other batch shapes)."""
+        from vllm_lookahead.vllm import coupled_verify
+
         jobs = [(it, s) for s in range(samples) for it in items]
         before = self.spec_counters()
+        steps0 = dict(coupled_verify.STEPS)
         t0 = time.perf_counter()
         outs: list[Any] = [None] * len(jobs)
         # one generate per sampling profile, so a crash names the profile that triggered it
         for p in range(len(profiles) if profiles else 1):
             idx = [j for j, (_, s) in enumerate(jobs) if not profiles or s % len(profiles) == p]
             prof = profiles[p] if profiles else None
-            got = self._generate(name, [(jobs[j][0], j % len(items), jobs[j][1]) for j in idx], prof,
-                                 lambda *a, **k: tqdm(*a, **{**k, "desc": f"{name} (batch)"}))
-            for j, o in zip(idx, got):
-                outs[j] = o
+            bar = (lambda *a, **k: tqdm(*a, **{**k, "desc": f"{name} (batch)"})) if not chunk else False
+            for c in range(0, len(idx), chunk or max(1, len(idx))):
+                part = idx[c: c + chunk] if chunk else idx
+                got = self._generate(name, [(jobs[j][0], j % len(items), jobs[j][1]) for j in part], prof, bar)
+                for j, o in zip(part, got):
+                    outs[j] = o
         wall = time.perf_counter() - t0
         recs = [_record(it.id, s, o) for (it, s), o in zip(jobs, outs)]
-        return RunResult(name, self.spec.describe(), "batch", [p.to_json() for p in profiles or []],
-                         self.opts.seed, wall, recs, self._delta(before))
+        return RunResult(name, self.spec.describe(), f"chunks of {chunk}" if chunk else "batch",
+                         [p.to_json() for p in profiles or []], self.opts.seed, wall, recs, self._delta(before),
+                         verifier_steps={k: v - steps0.get(k, 0) for k, v in coupled_verify.STEPS.items()})
 
     def _generate(self, name: str, jobs: list[tuple[EvalItem, int, int]], profile: SamplingProfile | None,
                   use_tqdm: Any) -> list[Any]:
@@ -297,13 +307,16 @@ class ArmRuns:
     sampled: RunResult | None = None
     startup_s: float = 0.0
     aa: RunResult | None = None  # baseline only: every item again at another batch size
+    # baseline only, with per-request-seeded profiles: the T>0 samples again at another batch size
+    sampled_aa: RunResult | None = None
 
 
 def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, name: str,
             sequential_items: list[EvalItem] | None, samples: int = 0,
             profiles: list[SamplingProfile] | None = None, aa_batch_size: int | None = None) -> ArmRuns:
     """Start an engine for ``spec``; run greedy batched, the optional A/A pass (all items at
-    ``aa_batch_size``), the batch-1 latency subset and the T>0 samples; shut the engine down."""
+    ``aa_batch_size``), the batch-1 latency subset and the T>0 samples (with the A/A pass and
+    per-request-seeded profiles: the samples again, ``aa_batch_size`` at a time); shut the engine down."""
     if not Path(opts.model).is_dir():
         raise FileNotFoundError(f"model directory {opts.model} not found")
     t0 = time.perf_counter()
@@ -314,4 +327,7 @@ def run_arm(opts: EngineOptions, spec: DecoderSpec, items: list[EvalItem], *, na
         seq = eng.run_chunked(f"{name} latency", sequential_items) if sequential_items else None
         sampled = eng.run_batch(f"{name} T>0", items, profiles=profiles, samples=samples) \
             if samples > 0 and profiles else None
-    return ArmRuns(greedy, seq, sampled, startup, aa)
+        sampled_aa = eng.run_batch(f"{name} T>0 A/A", items, profiles=profiles, samples=samples,
+                                   chunk=aa_batch_size) \
+            if sampled is not None and aa_batch_size and seeded(profiles) else None
+    return ArmRuns(greedy, seq, sampled, startup, aa, sampled_aa)

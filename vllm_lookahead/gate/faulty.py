@@ -37,6 +37,14 @@ what the gate's likelihood tests are for):
   * ``ReusedRandomnessProposer`` -- every request draws from its own generator, all seeded alike (a
     per-request RNG stream built from a constant): each sample is distributed exactly, but samples of
     one prompt come out identical.  Replaces ``sampling_metadata.generators`` while sampling.
+
+Coupled fault (what the ``seeded_exact`` criterion is for; no vLLM patch):
+  * ``CoupledDraftTemperatureProposer[,factor=0.8,<lookahead keys>]`` -- the real lookahead proposer
+    (``vllm_lookahead.vllm.proposer.LookaheadProposer``: its drafts, its coupled verification, its
+    coupled-step counter) whose coupled verification samples draft positions at temperature
+    T x ``factor``: before ``coupled_verify.sampler_output`` runs, the target-position logits of T>0
+    rows are divided by ``factor`` (the bonus position keeps T).  Seeded requests then no longer
+    reproduce plain decoding wherever a draft was verified.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+
+from vllm_lookahead.vllm.proposer import LookaheadProposer
 
 # what names one of these classes: vLLM's ``speculative_config.model`` / ``--speculative-config`` takes
 # CLASS_PATH + "<Class>", the gate's and the bench's SPEC takes SPEC + "<Class>:k=4,..." (one spelling
@@ -360,3 +370,38 @@ class OriginalExpandKernelProposer(_FaultyProposer):
             yield
         finally:
             kernel._impl = fixed
+
+
+class CoupledDraftTemperatureProposer(LookaheadProposer):
+    """Coupled fault: lookahead's coupled verification samples draft positions at T x ``factor``."""
+
+    def __init__(self, vllm_config: Any):
+        extra = dict((getattr(vllm_config, "additional_config", None) or {}).get("custom_proposer", {}))
+        self.factor = _factor(extra)
+        # the other SPEC keys are lookahead's own (e.g. measured_floor=false)
+        own = {k: v for k, v in extra.items() if k != "factor"}
+        if own:
+            vllm_config.additional_config = {**vllm_config.additional_config, "lookahead": own}
+        super().__init__(vllm_config)
+
+    def take_verdict(self) -> Any:
+        if self._verdict is None and self._coupled is not None:
+            runner, logits, sd = self._coupled
+            self._coupled = (runner, self._cooled(runner, logits, sd), sd)
+        return super().take_verdict()
+
+    def _cooled(self, runner: Any, logits: Any, sd: Any) -> Any:
+        """``logits`` with the draft (target) positions of T>0 rows divided by ``factor``."""
+        from vllm_lookahead.vllm.coupled_verify import _SAMPLING_EPS
+
+        temperature = runner.input_batch.sampling_metadata.temperature
+        if temperature is None:  # all greedy: coupled verification never runs then
+            return logits
+        hot = (temperature >= _SAMPLING_EPS).tolist()
+        rows = [i for i, n in enumerate(sd.num_draft_tokens) for _ in range(n)]  # row of each target position
+        idx = [int(t) for t, i in zip(sd.target_logits_indices.tolist(), rows) if hot[i]]
+        if not idx:
+            return logits
+        out = logits.clone()
+        out[idx] = out[idx] / self.factor
+        return out

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from vllm_lookahead.gate.profiles import parse_profiles
+from vllm_lookahead.gate.profiles import parse_profiles, seeded
 
 DEFAULT_POLICY = Path(__file__).with_name("default_policy.yaml")
 MANDATORY = ("pass_rate_overall", "pass_rate_per_task", "exact_match", "behaviour")
@@ -24,6 +24,7 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "behaviour": {"max_increase": (int, float), "classifiers": list, "required": bool, "ni_margin": MARGIN},
     "sampled": {"required": bool, "samples_per_item": int, "profiles": list, "alpha": (int, float),
                 "impossible_floor_per_token": MARGIN},
+    "seeded_exact": {"required": (bool, str), "max_excess_mismatch": (int, float)},
     "latency": {"required": bool, "min_speedup": (int, float)},
     "acceptance_length": {"required": bool, "min_mean_length": (int, float)},
 }
@@ -94,7 +95,8 @@ def validate(policy: Any) -> dict[str, Any]:
         out["criteria"][name].update(given)
     c = out["criteria"]
     for name, key in (("pass_rate_overall", "max_drop"), ("pass_rate_per_task", "max_drop"),
-                      ("exact_match", "max_excess_mismatch"), ("behaviour", "max_increase")):
+                      ("exact_match", "max_excess_mismatch"), ("behaviour", "max_increase"),
+                      ("seeded_exact", "max_excess_mismatch")):
         if not 0 <= c[name][key] <= 1:
             raise PolicyError(f"policy: criteria.{name}.{key} must be in [0, 1], got {c[name][key]}")
     for name in ("pass_rate_overall", "pass_rate_per_task", "behaviour"):
@@ -114,6 +116,14 @@ def validate(policy: Any) -> dict[str, Any]:
         raise PolicyError("policy: criteria.sampled.samples_per_item is 0 but criteria.sampled.required is true; "
                           "the T>0 check cannot run without samples: set samples_per_item >= 1, or "
                           "required: false to ship without checking T>0 outputs")
+    se = c["seeded_exact"]["required"]
+    if se not in (True, False, "auto"):
+        raise PolicyError(f"policy: criteria.seeded_exact.required must be true, false or auto, got {se!r}")
+    if se is True and (c["sampled"]["samples_per_item"] == 0
+                       or not seeded(parse_profiles(c["sampled"]["profiles"]))):
+        raise PolicyError("policy: criteria.seeded_exact.required is true but no T>0 sample has its own seed; "
+                          "it needs samples_per_item >= 1 and a sampled profile with seed: per_request "
+                          "(or required: auto)")
     sq = out["sequential"]
     if isinstance(sq["looks"], bool) or not isinstance(sq["looks"], int) or not 1 <= sq["looks"] <= 10:
         raise PolicyError(f"policy: sequential.looks must be an integer in 1..10, got {sq['looks']!r}")

@@ -100,6 +100,12 @@ def parse_profiles(raw: Any, where: str = "criteria.sampled.profiles") -> list[S
     return out
 
 
+def seeded(profiles: list[SamplingProfile] | list[dict[str, Any]] | None) -> bool:
+    """Does some profile give its requests their own seed (``seed: per_request``)?  Then both arms
+    draw sample j of item i with the same seed, and the gate compares them token for token."""
+    return any(profile_of(profiles, j).seed == "per_request" for j in range(len(profiles or [])))
+
+
 def profile_of(profiles: list[SamplingProfile] | list[dict[str, Any]], sample: int) -> SamplingProfile:
     """The profile sample ``sample`` of an item is drawn with (profiles cycle over the samples)."""
     p = profiles[sample % len(profiles)]

@@ -74,6 +74,23 @@ def _sampled_table(result: dict[str, Any]) -> list[str]:
                    f"({'paired over ' + str(sh['n_pairs']) + ' prompts' if sh['paired'] else 'unpaired'})."]
 
 
+def seeded_table(result: dict[str, Any]) -> list[str]:
+    """Seeded T>0 samples token for token: what the ``seeded_exact`` criterion rests on."""
+    sx = result.get("seeded_exact")
+    if not sx or not sx["candidate"]["n"]:
+        return []
+    cand, aa, steps = sx["candidate"], sx["aa"], sx["verifier_steps"]
+    shown = ", ".join(cand["diverged"][:5]) + (", ..." if len(cand["diverged"]) > 5 else "")
+    return ["", "| seeded T>0 samples (token ids) | pairs | differ |", "|---|---|---|",
+            f"| candidate vs baseline | {cand['n']} | {cand['mismatches']}{' (' + shown + ')' if shown else ''} |",
+            f"| A/A: baseline {sx['aa_mode']} vs all at once | {aa['n'] if aa else 'not run'} | "
+            f"{aa['mismatches'] if aa else 'n/a'} |",
+            "", "Candidate's T>0 drafted steps by verifier: " +
+            (f"coupled {steps.get('coupled', 0)}, vLLM's rejection sampler {steps.get('rejection_sampler', 0)}"
+             if steps is not None else "not measurable (endpoint)") +
+            f"; excess mismatch {_fmt(sx['excess_mismatch'])}, one-sided Fisher p={_fmt(sx['p_value'])}."]
+
+
 def crash_lines(crash: dict[str, Any]) -> list[str]:
     """Where the candidate died: run, sampling profile, the requests in flight, the error."""
     reqs = crash["requests"]
@@ -100,6 +117,7 @@ def markdown_summary(result: dict[str, Any]) -> str:
         lines.append(f"| {r['task']} | {r['n']} | {r['base_rate']:.3f} | {r['cand_rate']:.3f} | {r['delta']:+.3f} "
                      f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['p_adjusted']:.3g} |")
     lines += _sampled_table(result)
+    lines += seeded_table(result)
     b, c = lat["baseline"], lat["candidate"]
     lines += ["", "| latency | baseline | candidate |", "|---|---|---|",
               f"| tokens/s, batch 1 | {_fmt(b.get('seq_tokens_per_s'))} | {_fmt(c.get('seq_tokens_per_s'))} |",

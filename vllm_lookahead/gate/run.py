@@ -124,7 +124,8 @@ def latency_items(inp: GateInputs) -> list[EvalItem]:
 
 def run_baseline(inp: GateInputs) -> ArmRuns:
     """Baseline arm: greedy batched, the A/A partner (every item at ``runs.aa_batch_size``), the
-    batch-1 latency subset, optional T>0 samples."""
+    batch-1 latency subset, optional T>0 samples (per-request seeds: again at ``runs.aa_batch_size``,
+    the ``seeded_exact`` A/A)."""
     s = inp.policy["criteria"]["sampled"]
     if inp.endpoints is not None:
         # A/A from the baseline endpoint itself: the same prompts again at another concurrency
@@ -190,7 +191,8 @@ def _meta(inp: GateInputs, base: ArmRuns | None, cand: ArmRuns | None, wall_s: f
         "python": platform.python_version(), "machine": platform.machine(), "wall_s": wall_s,
         "startup_s": {"baseline": base.startup_s if base else None, "candidate": cand.startup_s if cand else None},
         "run_wall_s": {"baseline_batch": wall(base, "greedy"), "candidate_batch": wall(cand, "greedy"),
-                       "aa": wall(base, "aa"), "baseline_sequential": wall(base, "sequential"),
+                       "aa": wall(base, "aa"), "sampled_aa": wall(base, "sampled_aa"),
+                       "baseline_sequential": wall(base, "sequential"),
                        "candidate_sequential": wall(cand, "sequential"),
                        "scoring": sum(a.sampled.scoring_s or 0 for a in (base, cand)
                                       if a is not None and a.sampled is not None)}}
@@ -202,7 +204,7 @@ def _runs_json(base: ArmRuns | None, cand: ArmRuns | None) -> dict[str, Any]:
         return None if a is None else {k: (getattr(a, k).to_json() if getattr(a, k) is not None else None)
                                        for k in keys}
 
-    return {"baseline": arm(base, ("greedy", "aa", "sequential", "sampled")),
+    return {"baseline": arm(base, ("greedy", "aa", "sequential", "sampled", "sampled_aa")),
             "candidate": arm(cand, ("greedy", "sequential", "sampled"))}
 
 

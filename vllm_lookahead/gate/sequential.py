@@ -69,8 +69,12 @@ def _merge_run(a: RunResult | None, b: RunResult | None) -> RunResult | None:
         else:
             counters[k] = (w or 0) + v
     scores = (a.scores or []) + (b.scores or []) if a.scores is not None and b.scores is not None else None
+    steps = ({k: a.verifier_steps.get(k, 0) + b.verifier_steps.get(k, 0)
+              for k in {*a.verifier_steps, *b.verifier_steps}}
+             if a.verifier_steps is not None and b.verifier_steps is not None else None)
     return replace(a, wall_s=a.wall_s + b.wall_s, records=a.records + b.records, engine_counters=counters,
-                   scores=scores, scoring_s=(a.scoring_s or 0) + (b.scoring_s or 0) if scores is not None else None)
+                   scores=scores, scoring_s=(a.scoring_s or 0) + (b.scoring_s or 0) if scores is not None else None,
+                   verifier_steps=steps)
 
 
 def merge(a: ArmRuns | None, b: ArmRuns) -> ArmRuns:
@@ -80,7 +84,7 @@ def merge(a: ArmRuns | None, b: ArmRuns) -> ArmRuns:
     greedy = _merge_run(a.greedy, b.greedy)
     assert greedy is not None
     return ArmRuns(greedy, _merge_run(a.sequential, b.sequential), _merge_run(a.sampled, b.sampled),
-                   a.startup_s + b.startup_s, _merge_run(a.aa, b.aa))
+                   a.startup_s + b.startup_s, _merge_run(a.aa, b.aa), _merge_run(a.sampled_aa, b.sampled_aa))
 
 
 def policy_at(policy: dict[str, Any], a: float, a_sampled: float) -> dict[str, Any]:
@@ -107,4 +111,7 @@ def decided_fail(result: dict[str, Any], a: float, a_sampled: float) -> list[str
     sm = result.get("sampled")
     if "sampled" in req and sm and sm["conformance"]["scored"] and min(sm["p_adjusted"].values()) < a_sampled:
         out.append("sampled")  # impossible tokens are one of the p-values
+    sx = result.get("seeded_exact")
+    if "seeded_exact" in req and sx and sx["p_value"] is not None and sx["p_value"] < a:
+        out.append("seeded_exact")
     return out

@@ -47,6 +47,18 @@ from vllm_lookahead.core.verify import PLACEHOLDER
 
 _SAMPLING_EPS = 1e-5  # vLLM's threshold for "greedy" (sampling_params._SAMPLING_EPS)
 
+# Speculative steps with drafts where some row samples at T>0, by the verifier that verified them
+# (counted by ``LookaheadProposer.capture_verification``, per process): "coupled" = ``sampler_output``
+# (seeded rows reproduce plain decoding), "rejection_sampler" = vLLM's rejection sampler (exact only in
+# distribution).  The release gate reads the delta around a candidate's T>0 run to *measure* whether the
+# candidate is coupled (in-process engine: this process); never reset, only read as deltas.
+STEPS = {"coupled": 0, "rejection_sampler": 0}
+
+
+def count_step(coupled: bool) -> None:
+    """One T>0 drafted step verified by ``sampler_output`` (``coupled``) or by vLLM's rejection sampler."""
+    STEPS["coupled" if coupled else "rejection_sampler"] += 1
+
 
 def applies(runner: Any, logits: Any, spec_decode_metadata: Any) -> bool:
     """Should this speculative step be verified by ``sampler_output`` (see the module docstring)?"""

@@ -190,6 +190,10 @@ class LookaheadProposer:
         # reproduce token for token; computed in take_verdict, outside the proposer's own time
         if not verdict and cfg.layout != "2d" and coupled_verify.applies(runner, logits, spec_decode_metadata):
             self._coupled = (runner, logits, spec_decode_metadata)
+        # which verifier takes a T>0 step with drafts: counted, so the gate measures coupling (STEPS)
+        if (not verdict and not runner.input_batch.sampling_metadata.all_greedy
+                and any(spec_decode_metadata.num_draft_tokens)):
+            coupled_verify.count_step(self._coupled is not None)
 
     def take_verdict(self) -> Any:
         """The ``SamplerOutput`` of the step just captured when it was verified from the argmax
