@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quality_sidecar.detectors import BernoulliCUSUM, GaussianCUSUM  # noqa: E402
 from quality_sidecar.monitor import N_DETECTORS, MonitorConfig  # noqa: E402
-from quality_sidecar.service import Pipeline, ServiceConfig  # noqa: E402
+from quality_sidecar.pipeline import Pipeline  # noqa: E402
+from quality_sidecar.service import ServiceConfig  # noqa: E402
 from quality_sidecar.synth import REGRESSIONS, SampleStream  # noqa: E402
 
 EXPECTED = {"refusal": "refusal", "truncation": "truncated", "corrupt_greedy": "exact_match",

@@ -173,9 +173,9 @@ def replay(stream: list[dict], source: str, baseline_url: str, vocab: int, workd
                        "stream_position": last, "candidate_samples_read": None if last is None else cand_before[last + 1],
                        "pvalue": e.get("pvalue"), "statistic": e.get("statistic"),
                        "chart": (e.get("detail") or {}).get("chart")})
-    pairs = svc.pipeline.pairs.get(stream[0]["model"])  # T=0 exact match: per pair source, A/A and candidate
+    pairs = svc.pipeline.charts.pairs.get(stream[0]["model"])  # T=0 exact match: per pair source, A/A and candidate
     exact = {src: dict(v) for src, v in pairs.detector.sources_.items()} if pairs is not None else None
-    mon = svc.pipeline.conformance.get(stream[0]["model"])
+    mon = svc.pipeline.charts.conformance.get(stream[0]["model"])
     shift = mon.shift() if mon is not None else (float("nan"),) * 3
     arms = {}
     for arm in ("baseline", "candidate"):

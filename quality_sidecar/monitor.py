@@ -1,4 +1,4 @@
-"""Per-(model, arm) stream monitors, baseline-vs-candidate comparisons and T=0 pairing.
+"""Per-(model, arm) stream monitors and baseline-vs-candidate comparisons (T=0 pairing: pair_table.py).
 
 This is where the false-alarm budget is spent.  Per (model, arm) stream the total ERT
 (``MonitorConfig.ert_total``, samples between false alarms, all detectors together) is split by the
@@ -11,16 +11,15 @@ Reference: the first ``reference_size`` samples of each stream are its frozen re
 baseline-vs-candidate tests need no reference: they compare the two arms' latest windows.
 ``rebaseline()`` drops a reference so the next ``reference_size`` samples become the new one.
 
-State: ``StreamMonitor``, ``ArmComparison`` and ``PairTable`` follow the ``StatefulDetector``
-protocol (quality_sidecar/detectors/base.py) like the charts they hold, so the service persists all
+State: ``StreamMonitor``, ``ArmComparison`` and ``PairTable`` (pair_table.py) follow the
+``StatefulDetector`` protocol (quality_sidecar/detectors/base.py) like the charts they hold, so the service persists all
 of them.  Alarms latch until ``acknowledge(detector)``, which restarts that statistic.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +29,6 @@ from .classifiers import CLASSIFIER_NAMES
 from .detectors import (
     BernoulliCUSUM,
     GaussianCUSUM,
-    PairedExactMatch,
     Result,
     StatefulDetector,
     finish_reason_test,
@@ -123,10 +121,6 @@ def _features_from_state(d: dict[str, Any]) -> Features:
     d = dict(d)
     d["acceptance"] = math.nan if d["acceptance"] is None else float(d["acceptance"])
     return Features(token_ids=None, **d)
-
-
-def _result_or_none(d: dict[str, Any] | None) -> Result | None:
-    return None if d is None else Result.from_dict(d)
 
 
 class StreamMonitor(StatefulDetector):
@@ -405,121 +399,4 @@ class ArmComparison(StatefulDetector):
                     for a in ("baseline", "candidate")}
         if name == "last":
             return {k: Result.from_dict(v) for k, v in value.items()}
-        return value
-
-
-class PairTable(StatefulDetector):
-    """Greedy outputs waiting for their counterpart in the other arm (bounded LRU by pair key).
-
-    Feeds ``PairedExactMatch`` with both kinds of pairs and their measured A/A references: the same
-    prompt served twice by the baseline arm is an A/A ``arm`` pair, a baseline-arm sample replayed
-    against ``--baseline-url`` an A/A ``replay`` pair.  There is no configured A/A rate: without
-    ``cfg.exact_match_block`` A/A pairs of a source, that source gives no verdict.
-    ``rebaseline()`` forgets them.
-
-    State: the detector (A/A and candidate counts), the mismatch examples and the newest
-    ``cfg.pair_state_entries`` outputs still waiting for a counterpart.  The full table, up to
-    ``pair_cache`` token-id lists, would make the state file megabytes per checkpoint.  An older
-    waiting output lost in a restart costs one pair, not a statistic.
-    """
-
-    STATE = ("table", "mismatch_examples", "detector", "last")
-    STATE_VERSION = 2
-
-    def __init__(self, model: str, cfg: MonitorConfig):
-        self.model, self.cfg = model, cfg
-        self.table: OrderedDict[str, tuple[str, list[int] | None, str | None, str]] = OrderedDict()
-        self.detector = PairedExactMatch(cfg.ert_each, cfg.exact_match_block)
-        self.mismatch_examples: deque = deque(maxlen=5)
-        self.last: Result | None = None
-
-    def add(self, feats: Iterable[Features]) -> list[Alarm]:
-        pairs, trace = [], []
-        for f in feats:
-            if not f.greedy or f.token_ids is None or f.arm not in ("baseline", "candidate"):
-                continue
-            other = self.table.pop(f.pair_key, None)
-            if other is None or other[0] == f.arm:
-                if other is not None and f.arm == "baseline":  # A/A pair: tracks batch non-invariance
-                    self.detector.add_aa([other[1] != f.token_ids], "arm")
-                self.table[f.pair_key] = (f.arm, f.token_ids, f.trace_id, f.request_id)
-                if len(self.table) > self.cfg.pair_cache:
-                    self.table.popitem(last=False)
-                continue
-            cand, base = (f.token_ids, other[1]) if f.arm == "candidate" else (other[1], f.token_ids)
-            pairs.append((cand, base))
-            trace.append((f.trace_id, f.request_id) if f.arm == "candidate" else (other[2], other[3]))
-        return self._score(pairs, trace, "arm")
-
-    def add_replay(self, arm: str, output: list[int] | str | None, replayed: list[int] | str | None,
-                   trace_id: str | None, request_id: str) -> list[Alarm]:
-        """A sample and the ``--baseline-url`` server's answer to its prompt: a test pair for the
-        candidate arm, an A/A pair (the measured reference) for the baseline arm."""
-        if arm == "baseline":
-            self.detector.add_aa([output != replayed], "replay")
-            return []
-        return self._score([(output, replayed)], [(trace_id, request_id)], "replay")
-
-    def _score(self, pairs: list, trace: list, source: str) -> list[Alarm]:
-        if not pairs:
-            return []
-        for (c, b), t in zip(pairs, trace):
-            if c != b:
-                self.mismatch_examples.append(t)
-        r = self.detector.update(pairs, source)
-        self.last = r
-        if r.alarm_new:
-            ex = list(self.mismatch_examples)
-            return [Alarm("exact_match", self.model, "candidate", r, [t for t, _ in ex if t], [q for _, q in ex])]
-        return []
-
-    def active_alarms(self) -> list[dict[str, Any]]:
-        d = self.detector
-        if not d.alarm_:
-            return []
-        st = d.sources_[d.alarm_source_]
-        return [{"detector": "exact_match", "model": self.model, "arm": "candidate", "source": d.alarm_source_,
-                 "statistic": self.last.statistic if self.last else math.nan,
-                 "threshold": self.last.threshold if self.last else math.nan, "pvalue": st["pvalue"],
-                 "samples_since_fit": st["pairs"], "mismatches": st["mismatches"], "aa_pairs": st["aa_pairs"],
-                 "aa_mismatches": st["aa_mismatches"]}]
-
-    def acknowledge(self, detector: str | None = None) -> list[str]:
-        if detector not in (None, "exact_match") or not self.detector.alarm_:
-            return []
-        self.detector.acknowledge()
-        if self.last is not None:
-            self.last.alarm = False
-        return ["exact_match"]
-
-    def rebaseline(self) -> None:
-        """Forget the A/A pairs, the candidate pairs and the waiting table: no verdict until new pairs."""
-        self.detector.fit()
-        self.table.clear()
-        self.mismatch_examples.clear()
-        self.last = None
-
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        """Version 1 carried A/A counts beside a CUSUM; the waiting table and examples carry over, the
-        detector upgrades itself (its counts start anew)."""
-        old = st.get("state", {})
-        return {"version": self.STATE_VERSION,
-                "state": {k: old.get(k, [] if k != "last" else None) for k in self.STATE}}
-
-    def _encode_state(self, name: str, value: Any) -> Any:
-        if name == "table":
-            keep = list(value.items())[-self.cfg.pair_state_entries:] if self.cfg.pair_state_entries > 0 else []
-            return [[k, *v] for k, v in keep]
-        return value
-
-    def _decode_state(self, name: str, value: Any) -> Any:
-        if name == "table":
-            return OrderedDict((k, (arm, ids, tr, rq)) for k, arm, ids, tr, rq in value)
-        if name == "mismatch_examples":
-            return deque((tuple(x) for x in value), maxlen=5)
-        if name == "detector":
-            self.detector.set_state(value)
-            return self.detector
-        if name == "last":
-            return _result_or_none(value)
         return value

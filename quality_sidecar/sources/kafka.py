@@ -24,24 +24,12 @@ import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from ..sinks.kafka_common import kafka_auth, parse_kafka_url
+from .base import GroupMember, LagReport, Partition
 from .record import Record
 
 HW_HISTORY = 10_000  # (end offset, time) observations kept per partition: ~2.8 h of lag at 1 s checkpoints
-
-
-@dataclass(frozen=True)
-class LagReport:
-    """One partition's lag, as exported with kafka-lag-exporter's metric names and labels."""
-
-    topic: str
-    partition: int
-    committed: int  # kafka_consumergroup_group_offset: the group's next offset to process
-    lag: int  # kafka_consumergroup_group_lag: end offset - committed
-    lag_seconds: float  # kafka_consumergroup_group_lag_seconds
-    end: int  # kafka_partition_latest_offset
 
 
 class KafkaSource:
@@ -100,6 +88,18 @@ class KafkaSource:
 
     def assigned(self) -> set[tuple[str, int]]:
         return {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+
+    def owns(self, partition: Partition) -> bool:
+        return partition in self.owned
+
+    def restore(self, offsets: dict[Partition, int]) -> None:
+        pass  # the group's committed offsets are at or past the checkpoint's (committed after it is written)
+
+    def member(self) -> GroupMember | None:
+        return GroupMember(self.bootstrap, self.group, self.member_host, self.consumer_id, self.client_id)
+
+    def progress(self) -> tuple[int, int] | None:
+        return None
 
     def poll(self, timeout_s: float = 0.5, max_records: int | None = None) -> list[Record]:
         batches = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)

@@ -329,14 +329,14 @@ def _same_prompt_stream(n: int, seed: int, n_tokens: int, temperature: float, re
 def test_repeated_samples_alarm_on_a_reused_stream_only(reuse: bool, n_tokens: int, temperature: float) -> None:
     """A reused random stream: every sample exact, samples of one prompt identical -> alarm.  Exact
     decoders with many natural repeats (2 tokens at T=0.3) -> silent."""
-    from quality_sidecar.service import Pipeline
+    from quality_sidecar.pipeline import Pipeline
 
     pipe = Pipeline(ServiceConfig.from_dict({"monitor": {"text_test": False}}))
     samples = _same_prompt_stream(400, seed=8, n_tokens=n_tokens, temperature=temperature, reuse=reuse)
     for i in range(0, len(samples), 20):
         pipe.process(samples[i:i + 20])
     ev = [a for a in pipe.alarm_log if a["detector"] == "repeated_samples"]
-    arms = pipe.repeats["toy"].arms
+    arms = pipe.charts.repeats["toy"].arms
     if reuse:
         assert [e["arm"] for e in ev] == ["candidate"] and ev[0]["samples_since_fit"] <= 30, ev
     else:

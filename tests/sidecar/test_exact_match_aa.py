@@ -16,8 +16,9 @@ import pytest
 
 from quality_sidecar.detectors import PairedExactMatch
 from quality_sidecar.monitor import MonitorConfig
+from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.replay import BaselineReplayClient, ReplayWorker
-from quality_sidecar.service import Pipeline, ServiceConfig
+from quality_sidecar.service import ServiceConfig
 from quality_sidecar.synth import SampleStream
 
 pytestmark = pytest.mark.unit
@@ -134,7 +135,7 @@ def test_pipeline_replay_pairs_use_the_measured_baseline_arm_rate():
         for s in SampleStream(seed=9, arm=arm, greedy_fraction=1.0).take(1600):
             ids = s["output"]["token_ids"]
             pipe.add_replay_pair(s, {"token_ids": [ids[0] + 1, *ids[1:]] if rng.random() < 0.02 else ids})
-    d = pipe.pairs["demo-code-4l"].detector
+    d = pipe.charts.pairs["demo-code-4l"].detector
     assert d.sources_["replay"]["aa_pairs"] == d.sources_["replay"]["pairs"] == 1600
     assert not pipe.active_alarms()
 
@@ -142,7 +143,7 @@ def test_pipeline_replay_pairs_use_the_measured_baseline_arm_rate():
 def test_a_state_file_of_the_cusum_version_still_loads():
     """A restart after the upgrade: the old CUSUM's sums are dropped (meaningless to the new test),
     the waiting table and the divergence positions carry over."""
-    from quality_sidecar.monitor import PairTable
+    from quality_sidecar.pair_table import PairTable
 
     old_detector = {"type": "PairedExactMatch", "version": 1,
                     "state": {"chart": {"s": 3.0}, "pairs_": 3, "matches_": 2, "positions_": [[7, 1]],

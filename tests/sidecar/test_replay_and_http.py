@@ -17,8 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.replay import BaselineReplayClient, ReplayWorker
-from quality_sidecar.service import Pipeline, ServiceConfig
+from quality_sidecar.service import ServiceConfig
 from quality_sidecar.sinks import HttpServer, Metrics
 from quality_sidecar.synth import SampleStream
 
@@ -76,7 +77,7 @@ def test_replay_pairs_greedy_outputs_and_flags_a_broken_candidate(baseline_serve
         deadline = time.time() + 30
         while worker.counts["done"] < 120 and time.time() < deadline:
             time.sleep(0.05)
-        assert worker.counts["done"] == 120 and pipe.pairs["demo-code-4l"].detector.exact_match_rate == 1.0
+        assert worker.counts["done"] == 120 and pipe.charts.pairs["demo-code-4l"].detector.exact_match_rate == 1.0
         assert not pipe.alarm_log
         _Baseline.corrupt = True  # the baseline now disagrees on every token: a broken decoder
         for x in SampleStream(seed=3, greedy_fraction=1.0).take(60):

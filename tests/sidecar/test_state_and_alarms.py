@@ -23,7 +23,8 @@ from quality_sidecar.detectors import (
     WindowedTwoSample,
     length_test,
 )
-from quality_sidecar.service import Pipeline, Service, ServiceConfig
+from quality_sidecar.pipeline import Pipeline
+from quality_sidecar.service import Service, ServiceConfig
 from quality_sidecar.synth import SampleStream
 
 from .conftest import FAST_MONITOR, write_jsonl
@@ -97,7 +98,7 @@ def test_restart_keeps_every_detector_and_ack_is_neither_forgotten_nor_latched()
     active = {(a["detector"], a["arm"]) for a in pipe.active_alarms()}
     # one of each kind: a stream chart, a two-sample test and the T=0 chart
     assert {("truncated", "candidate"), ("twosample_truncated", "candidate"), ("exact_match", "candidate")} <= active
-    pt = pipe.pairs["demo-code-4l"]
+    pt = pipe.charts.pairs["demo-code-4l"]
     assert pt.detector.sources_["arm"]["aa_pairs"] >= 50
     em = next(e for e in pipe.alarm_log if e["detector"] == "exact_match")
     assert "measured" in em["detail"]["aa_rate_source"] and em["detail"]["aa_pairs"] >= 50
@@ -119,7 +120,7 @@ def test_restart_keeps_every_detector_and_ack_is_neither_forgotten_nor_latched()
     done = restored.acknowledge("truncated", model="demo-code-4l", arm="candidate", by="test")
     assert done == [{"detector": "truncated", "model": "demo-code-4l", "arm": "candidate"}]
     assert restored.control_log[-1]["type"] == "quality_sidecar.ack"
-    assert restored.streams[("demo-code-4l", "candidate")].charts["truncated"].s_ == 0.0
+    assert restored.charts.streams[("demo-code-4l", "candidate")].charts["truncated"].s_ == 0.0
     again = Pipeline(cfg)
     again.set_state(_strict_json(restored.get_state()))
     assert "truncated" not in {a["detector"] for a in again.active_alarms()}
@@ -141,7 +142,7 @@ def test_replayed_baseline_pairs_are_the_measured_reference_and_rebaseline_forge
     for i, x in enumerate(s):  # replay answers of the baseline server: 5 of 100 differ (batch non-invariance)
         ids = x["output"]["token_ids"]
         pipe.add_replay_pair(x, {"token_ids": ids if i % 20 else [ids[0] + 1, *ids[1:]]})
-    pt = pipe.pairs["demo-code-4l"]
+    pt = pipe.charts.pairs["demo-code-4l"]
     replay = pt.detector.sources_["replay"]
     assert (replay["aa_pairs"], replay["aa_mismatches"], replay["pairs"]) == (100, 5, 0)
     assert pt.detector.sources_["arm"]["aa_pairs"] == 0  # the two references are kept apart
@@ -203,11 +204,11 @@ def test_ack_clear_and_rebaseline_over_http_and_cli_on_a_running_service(tmp_pat
     url = f"http://127.0.0.1:{svc.http.port}"
     try:
         assert svc.pipeline.active_alarms() == []
-        assert svc.pipeline.streams[("demo-code-4l", "candidate")].fitted
+        assert svc.pipeline.charts.streams[("demo-code-4l", "candidate")].fitted
         # ... and re-baselining drops the references: the next samples become the new ones
         assert main(["alarms", "rebaseline", "--url", url, "--model", "demo-code-4l"]) == 0
         assert "stream demo-code-4l/candidate" in json.loads(capsys.readouterr().out)["rebaselined"]
-        assert not svc.pipeline.streams[("demo-code-4l", "candidate")].fitted
+        assert not svc.pipeline.charts.streams[("demo-code-4l", "candidate")].fitted
         svc.checkpoint()
     finally:
         svc.close()
