@@ -182,3 +182,22 @@ def test_default_policy_seeds_every_profile_and_judges_seeded_exact_automaticall
     assert pol["criteria"]["seeded_exact"] == {"required": "auto", "max_excess_mismatch": 0.01}
     assert all(p["seed"] == "per_request" for p in pol["criteria"]["sampled"]["profiles"])
     assert validate({"criteria": {"seeded_exact": None}})["criteria"]["seeded_exact"]["required"] is False
+
+
+def test_the_coupled_fault_cools_only_draft_positions_of_sampled_rows() -> None:
+    """``CoupledDraftTemperatureProposer``: target (draft) positions of T>0 rows divided by factor; the
+    bonus positions and greedy rows untouched, the engine's logits never written."""
+    import torch
+
+    from vllm_lookahead.gate.faulty import CoupledDraftTemperatureProposer
+
+    # rows: 0 greedy with 2 drafts, 1 at T=0.8 with 1 draft, 2 at T=1 with 0 drafts
+    logits = torch.arange(1, 7, dtype=torch.float32).repeat(6, 1)  # 2 + 1 target positions, 3 bonus
+    sd = SimpleNamespace(num_draft_tokens=[2, 1, 0], target_logits_indices=torch.tensor([0, 1, 3]),
+                         bonus_logits_indices=torch.tensor([2, 4, 5]))
+    runner = SimpleNamespace(input_batch=SimpleNamespace(sampling_metadata=SimpleNamespace(
+        temperature=torch.tensor([0.0, 0.8, 1.0]))))
+    out = CoupledDraftTemperatureProposer._cooled(SimpleNamespace(factor=0.8), runner, logits, sd)
+    assert torch.equal(out[3], logits[3] / 0.8)
+    assert all(torch.equal(out[i], logits[i]) for i in (0, 1, 2, 4, 5))
+    assert torch.equal(logits[3], torch.arange(1, 7, dtype=torch.float32))  # a copy, not in place
