@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .baseline_scoring import ConformanceMonitor
 from .config import ServiceConfig
+from .conformance_monitor import ConformanceMonitor
 from .detectors.base import to_jsonable
 from .detectors.repeats import RepeatChart
 from .features import Features
@@ -44,10 +44,16 @@ class Charts:
         return mon
 
     def comparison(self, model: str) -> ArmComparison:
-        return self.compare.setdefault(model, ArmComparison(model, self.cfg.monitor))
+        cmp = self.compare.get(model)
+        if cmp is None:
+            cmp = self.compare[model] = ArmComparison(model, self.cfg.monitor)
+        return cmp
 
     def pair_table(self, model: str) -> PairTable:
-        return self.pairs.setdefault(model, PairTable(model, self.cfg.monitor))
+        pt = self.pairs.get(model)
+        if pt is None:
+            pt = self.pairs[model] = PairTable(model, self.cfg.monitor)
+        return pt
 
     def conformance_monitor(self, model: str) -> ConformanceMonitor:
         mon = self.conformance.get(model)

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .alarms import describe
-from .baseline_scoring import ConformanceMonitor, draft_positions, scorable
+from .baseline_scoring import draft_positions, scorable
 from .charts import Charts
 from .classifiers import classify_batch, default_classifiers
 from .classifiers.format import FormatClassifier
 from .config import ServiceConfig
+from .conformance_monitor import ConformanceMonitor
 from .detectors.embedders import make_embedder
 from .detectors.repeats import repeat_keys
 from .features import Features, extract

@@ -227,7 +227,8 @@ def test_old_impossible_and_repeat_chart_states_load() -> None:
 def test_a_checkpointed_conformance_monitor_from_before_the_contract_loads() -> None:
     """What ``Pipeline.get_state`` wrote under ``conformance`` per model before the contract: the charts'
     flat states and the impossible-token chart's unversioned arms."""
-    from quality_sidecar.baseline_scoring import ConformanceConfig, ConformanceMonitor
+    from quality_sidecar.baseline_scoring import ConformanceConfig
+    from quality_sidecar.conformance_monitor import ConformanceMonitor
 
     cfg = ConformanceConfig(ert_tokens=1e5, shift=0.2)
     mon = ConformanceMonitor("toy", cfg)
