@@ -16,6 +16,7 @@ import math
 import time
 from typing import Any
 
+from .config import ServiceConfig
 from .detectors import (
     finish_reason_test,
     first_divergence,
@@ -26,7 +27,7 @@ from .detectors import (
 )
 from .detectors.embedders import make_embedder
 from .monitor import RATE_CHARTS
-from .service import Pipeline, ServiceConfig
+from .pipeline import Pipeline
 from .sinks import JsonWriter
 
 log = logging.getLogger(__name__)
