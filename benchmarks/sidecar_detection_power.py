@@ -202,11 +202,11 @@ def lag_section(rate: int, seconds: int, cheap: bool = True) -> dict:
                                        "monitor": {"text_test": not cheap}})
         svc = Service(cfg, http_port=None)
         lags: list[float] = []
-        orig = svc.pipeline.process
+        orig = svc.pipeline.monitor  # what Service.step calls per batch, after the classifiers
         seen = [0]
 
-        def timed(samples):
-            out = orig(samples)
+        def timed(samples, *args, **kw):
+            out = orig(samples, *args, **kw)
             now = time.time()
             for s in samples:
                 seen[0] += 1
@@ -214,7 +214,7 @@ def lag_section(rate: int, seconds: int, cheap: bool = True) -> dict:
                     lags.append(now - s["time"]["finish_unix_s"])
             return out
 
-        svc.pipeline.process = timed
+        svc.pipeline.monitor = timed
         prod = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.bootstrap, topic, str(rate), root,
                                  str(seconds), str(warm)])
         last = time.monotonic()

@@ -396,7 +396,7 @@ class Service:
         p = self.pipeline
         return {"counts": p.counts, "dlq_reasons": p.dlq_reasons, "alarms": p.alarm_log,
                 "streams": {f"{m}/{a}": {"samples": s.samples, "rates": s.behaviour_rates()}
-                            for (m, a), s in p.streams.items()},
+                            for (m, a), s in p.charts.streams.items()},
                 "config": asdict(self.cfg)}
 
     def close(self) -> None:
