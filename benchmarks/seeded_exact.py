@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats: dict[str, list[dict]] = {}
     drafted = accepted = None
     names: list[str] = []
+    table: dict[str, dict[str, Any]] = {}
     bodies: list[dict[str, Any]] = []
     again: list[int] = []
     t0 = time.time()
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"command": "python benchmarks/seeded_exact.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "model": model, "prompts": args.prompts, "requests": args.n, "max_tokens": args.max_tokens,
            "concurrency": args.concurrency, "decoder": spec.text, "client": "openai (completions, return_token_ids)",
+           "profiles": table,
            "dtype": "float32", "identical_to_plain": total_ok, "identical_to_plain_rate": total_ok / args.n,
            "failed": failed, "per_profile": per_profile, "repeated_requests": len(again),
            "reproduced": {"lookahead": repro["lookahead"], "plain (A/A)": repro["plain"]},

@@ -145,8 +145,9 @@ class LogprobClient:
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/completions; failures as ``WorkFailed`` (``rejected_token_ids`` when the server
         refuses the sequence's token ids: vLLM answers 400 "Token id N is out of vocabulary";
-        ``context_limit`` when the sequence plus the one token a request must ask for exceeds the
-        server's context: 400 "This model's maximum context length is N tokens...")."""
+        ``context_limit`` when the sequence leaves no room for the one token a request must ask for:
+        vLLM 0.32 clamps ``max_tokens`` to the context left and answers 400 "max_tokens must be at least
+        1, got 0" at exactly max_model_len tokens, "... maximum context length ..." beyond it)."""
         import requests
 
         try:
@@ -157,7 +158,8 @@ class LogprobClient:
             err = http_status_failure(self.url, r.status_code, r.text)
             if r.status_code == 400 and re.search(r"token[ _]?id|vocab", r.text, re.I):
                 err.reason = "rejected_token_ids"
-            elif r.status_code == 400 and re.search(r"maximum context length", r.text, re.I):
+            elif r.status_code == 400 and re.search(r"maximum context length|max_tokens must be at least 1, got 0",
+                                                    r.text, re.I):
                 err.reason = "context_limit"
             raise err
         try:
