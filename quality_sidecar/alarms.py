@@ -73,7 +73,7 @@ CATALOGUE: dict[str, AlarmText] = {
         "equal under any random traffic split"),
     "twosample_evidence_loss": AlarmText(
         "the baseline server gives up on more candidate T>0 samples than baseline ones "
-        "(e.g. outputs run to the context limit and the scorer's request is refused)",
+        "(e.g. the server rejects their token ids)",
         "the decoder removes its own evidence: roll the candidate back, read the "
         "scorer's failure reasons (quality_sidecar_baseline_failed_samples)",
         "one-sided Fisher at each candidate give-up, 1 / `ert_each` per look: at most one false alarm "

@@ -297,7 +297,7 @@ class ArmComparison(StatefulDetector):
         self.alarm = False
         self.last: dict[str, Result] = {}
         # T>0 samples the conformance scorer finished, per arm: [given up, finished].  A fault that
-        # makes outputs unscorable (a run to the context limit gets the scorer a 400) removes its own
+        # makes outputs unscorable (token ids the baseline server rejects: a 400) removes its own
         # evidence; the share given up per arm shows it.
         self.lost: dict[str, list[int]] = {"baseline": [0, 0], "candidate": [0, 0]}
 
