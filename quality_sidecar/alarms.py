@@ -79,11 +79,12 @@ CATALOGUE: dict[str, AlarmText] = {
         "one-sided Fisher at each candidate give-up, 1 / `ert_each` per look: at most one false alarm "
         "per `ert_each` give-ups"),
     "impossible_tokens": AlarmText(
-        "T>0 outputs hold tokens the request's sampler could not have drawn (outside its "
-        "top-p / top-k / min-p cut or the vocabulary)",
+        "outputs hold tokens the request's sampler could not have drawn (outside its "
+        "top-p / top-k / min-p cut or the vocabulary at T>0; an EOS or stop token inside min_tokens at any T)",
         "the decoder ignores a sampling parameter: roll the candidate back; detail.reasons "
         "names the parameter; on the baseline arm the scorer and the serving engine differ",
-        "`detail.reasons`: top_p, top_k, min_p, vocab; on the baseline arm: another model, dtype or tokenizer"),
+        "`detail.reasons`: top_p, top_k, min_p, vocab, min_tokens; on the baseline arm: another model, dtype or "
+        "tokenizer"),
     OTHER: AlarmText(
         "baseline and candidate distributions differ", "compare the arms on the example requests",
         "the arms' latest windows differ on that metric (length, finish_reason, a classifier's rate, "

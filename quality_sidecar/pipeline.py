@@ -25,6 +25,7 @@ from .classifiers import classify_batch, default_classifiers
 from .classifiers.format import FormatClassifier
 from .config import ServiceConfig
 from .conformance_monitor import ConformanceMonitor
+from .detectors.conformance_scoring import min_tokens_check
 from .detectors.embedders import make_embedder
 from .detectors.repeats import repeat_keys
 from .features import Features, extract
@@ -196,6 +197,7 @@ class Pipeline:
         with self._lock:
             for i, smp in enumerate(samples):
                 alarms += guarded("repeated_samples", [i], self._add_repeat, smp)
+                alarms += guarded("impossible_tokens", [i], self._check_min_tokens, smp)
             groups: dict[tuple[str, str], list[int]] = {}
             for i, f in enumerate(feats):
                 if i not in dead:
@@ -224,6 +226,23 @@ class Pipeline:
         # The match that fired may complete on a baseline sample: the alarm is the candidate's.
         return [Alarm("repeated_samples", model, r.extra["arm"], r, [smp["trace_id"]] if smp.get("trace_id") else [],
                       [smp["request_id"]])]
+
+    def _check_min_tokens(self, smp: dict[str, Any]) -> list[Alarm]:
+        """An EOS / stop token inside ``min_tokens`` is an impossible token (``min_tokens_check``), at any
+        temperature: counted on the model's impossible-token chart with reason ``min_tokens``."""
+        got = min_tokens_check(smp)
+        if got is None:
+            return []
+        checked, bad = got
+        model, arm = smp["model"], smp["deployment"]["arm"]
+        mon = self.charts.conformance_monitor(model)
+        r = mon.add_impossible(arm, checked, {"min_tokens": bad}, smp.get("trace_id"), smp["request_id"])
+        if bad:
+            self.metrics.impossible.labels(model, arm, "min_tokens").inc(bad)
+        if not r.alarm_new:
+            return []
+        ex = mon.impossible_examples.get(arm, [])
+        return [Alarm("impossible_tokens", model, arm, r, [t for t, _ in ex if t], [q for _, q in ex])]
 
     def track(self, worker: str, sample: dict[str, Any], where: tuple[str, int, int]) -> None:
         with self._lock:

@@ -96,7 +96,7 @@ class Metrics:
                                     "Samples queued or in flight at a baseline-server worker", ["worker"], registry=r)
         self.impossible = Counter("quality_sidecar_impossible_tokens",
                                   "Sampled tokens outside the request's sampler support, by the parameter that "
-                                  "excludes them (top_p, top_k, min_p, vocab); 0 under exact sampling",
+                                  "excludes them (top_p, top_k, min_p, vocab, min_tokens); 0 under exact sampling",
                                   ["model", "arm", "reason"], registry=r)
         self.replay_samples = Counter("quality_sidecar_replay_samples",
                                       "Greedy samples re-asked of the baseline server for T=0 exact match, by outcome "

@@ -19,7 +19,11 @@ import pytest
 import requests
 
 from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient, score_sample
-from quality_sidecar.detectors.conformance_scoring import SamplerParams, score_topk
+from quality_sidecar.detectors.conformance_scoring import (
+    SamplerParams,
+    min_tokens_check,
+    score_topk,
+)
 from quality_sidecar.detectors.conformance_stats import pit_test
 from quality_sidecar.service import Service, ServiceConfig
 from quality_sidecar.workers import WorkFailed
@@ -160,6 +164,23 @@ def test_an_output_at_the_context_limit_is_scored_without_its_last_token(server)
     sc = score_sample(client, sample, SamplerParams(1.0), ConformanceConfig(vocab_size=VOCAB), np.random.default_rng(0))
     assert sc.n_tokens == len(out) - 1 and sc.out_of_support == 0
     assert sc.late_draft_excess(np.zeros(len(out), np.int64)) is not None
+
+
+def test_a_real_server_keeps_min_tokens_and_ends_token_ids_with_the_eos(server, demo_model: Path) -> None:
+    """The premise of ``min_tokens_check``: vLLM 0.32's ``token_ids`` end with the EOS that stopped an output
+    (so a stop's position is the output's length), and with ``min_tokens`` no output stops inside it."""
+    prompts = load_heldout_prompts(40, "open", seed=11, max_chars=600)
+    eos = json.loads((demo_model / "config.json").read_text())["eos_token_id"]
+    stops = [c for c in _generate(server, prompts, 1.0, n=4) if c["finish_reason"] == "stop"]
+    assert stops and all(c["token_ids"][-1] == eos for c in stops), [c["token_ids"][-3:] for c in stops]
+    m = max(len(c["token_ids"]) for c in stops)  # the longest natural stop: min_tokens forbids all of them
+    body = {"model": "demo", "prompt": prompts, "max_tokens": m + 8, "min_tokens": m, "temperature": 1.0, "n": 4,
+            "return_token_ids": True, "seed": 5}
+    r = requests.post(server.url + "/v1/completions", json=body, timeout=300)
+    r.raise_for_status()
+    checks = [min_tokens_check({"sampling": {"min_tokens": m}, "output": {**c, "num_tokens": len(c["token_ids"])}})
+              for c in r.json()["choices"]]
+    assert all(c is not None and c[1] == 0 for c in checks)
 
 
 def test_sidecar_alarms_on_the_sharper_sampler_only(server, streams, tmp_path: Path) -> None:
