@@ -28,12 +28,15 @@ def test_docs_table_is_current() -> None:
     assert _generator().main(["--check"]) == 0, "run python scripts/gen_alarm_table.py"
 
 
-def test_check_fails_on_a_stale_table() -> None:
+def test_check_fails_on_a_stale_table_and_a_run_rewrites_it(tmp_path: Path) -> None:
     gen = _generator()
     text = gen.DOC.read_text()
     stale = text.replace("| `refusal` | refusal rate rose |", "| `refusal` | refusals went up |")
     assert stale != text
-    assert gen.updated_text(stale) == text  # what --check compares against: the stale row is rewritten
+    gen.DOC = tmp_path / "sidecar.md"
+    gen.DOC.write_text(stale)
+    assert gen.main(["--check"]) == 1 and gen.DOC.read_text() == stale
+    assert gen.main([]) == 0 and gen.DOC.read_text() == text
 
 
 def test_every_alarm_the_sidecar_raises_has_its_own_entry() -> None:
