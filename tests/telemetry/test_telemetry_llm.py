@@ -127,6 +127,6 @@ def test_two_offline_jobs_on_one_topic_are_both_counted_by_the_sidecar(kafka_bro
         svc.close()
     assert (counts["samples"], counts["duplicates"], counts["dlq"]) == (8, 0, 0), counts
     assert svc.pipeline.seen.keys() == expected
-    arms = {arm for (_model, arm) in svc.pipeline.streams}
+    arms = {arm for (_model, arm) in svc.pipeline.charts.streams}
     assert arms == {"baseline", "candidate"}
 
