@@ -239,10 +239,7 @@ class Pipeline:
         r = mon.add_impossible(arm, checked, {"min_tokens": bad}, smp.get("trace_id"), smp["request_id"])
         if bad:
             self.metrics.impossible.labels(model, arm, "min_tokens").inc(bad)
-        if not r.alarm_new:
-            return []
-        ex = mon.impossible_examples.get(arm, [])
-        return [Alarm("impossible_tokens", model, arm, r, [t for t, _ in ex if t], [q for _, q in ex])]
+        return self._impossible_alarms(mon, model, arm, r)
 
     def track(self, worker: str, sample: dict[str, Any], where: tuple[str, int, int]) -> None:
         with self._lock:
@@ -274,12 +271,15 @@ class Pipeline:
                 arm = sample["deployment"]["arm"]
                 r = mon.add_impossible(arm, n, {"vocab": 1}, sample.get("trace_id"), sample["request_id"])
                 self.metrics.impossible.labels(sample["model"], arm, "vocab").inc()
-                self._alarm_impossible(mon, sample["model"], arm, r)
+                self._emit(self._impossible_alarms(mon, sample["model"], arm, r))
 
-    def _alarm_impossible(self, mon: ConformanceMonitor, model: str, arm: str, r: Any) -> None:
-        if r.alarm_new:
-            ex = mon.impossible_examples.get(arm, [])
-            self._emit([Alarm("impossible_tokens", model, arm, r, [t for t, _ in ex if t], [q for _, q in ex])])
+    @staticmethod
+    def _impossible_alarms(mon: ConformanceMonitor, model: str, arm: str, r: Any) -> list[Alarm]:
+        """The impossible-token chart's new alarm (with its example traces), if this update raised one."""
+        if not r.alarm_new:
+            return []
+        ex = mon.impossible_examples.get(arm, [])
+        return [Alarm("impossible_tokens", model, arm, r, [t for t, _ in ex if t], [q for _, q in ex])]
 
     def add_replay_pair(self, sample: dict[str, Any], baseline: dict[str, Any]) -> None:
         """Callback of the replay worker: pair a greedy output with the baseline server's answer.
@@ -308,7 +308,7 @@ class Pipeline:
             self.metrics.conformance_tokens.labels(model, arm).inc(score.n_tokens)
             for reason, n in score.oos_reasons.items():
                 self.metrics.impossible.labels(model, arm, reason).inc(n)
-            self._alarm_impossible(mon, model, arm, ri)
+            self._emit(self._impossible_alarms(mon, model, arm, ri))
             if r.alarm_new:
                 ex = mon.examples.get(arm, [])
                 self._emit([Alarm("sampling_conformance", model, arm, r, [t for t, _ in ex if t],

@@ -134,8 +134,8 @@ class SequenceScore:
         sidecar's late-position chart and the gate's late-position test both select with this."""
         if positions is None or len(positions) < self.n_tokens:
             return None
-        positions = np.asarray(positions)[:self.n_tokens]
-        sel = (np.asarray(positions) >= LATE_DRAFT_POSITION)[self.kept] if len(self.kept) else np.zeros(0, bool)
+        sel = ((np.asarray(positions)[:self.n_tokens] >= LATE_DRAFT_POSITION)[self.kept] if len(self.kept)
+               else np.zeros(0, bool))
         return self.excess[sel], self.excess_var[sel]
 
     @property
