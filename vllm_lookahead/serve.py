@@ -1,6 +1,6 @@
 """``vllm-lookahead serve MODEL [vllm serve options]``: vLLM's own ``vllm serve``, made to run here.
 
-It is vLLM's CLI (``vllm.entrypoints.cli.main``) with four differences, the first two needed for what
+It is vLLM's CLI (``vllm.entrypoints.cli.main``) with five differences, the first two needed for what
 the README promises:
 
 * it runs with the CPU wheel, whose ``vllm`` console script fails at start-up (``vllm/serve_patch.py``
@@ -11,6 +11,8 @@ the README promises:
   tokens -- a property of bf16 batch shapes, not of the drafts (docs/lookahead.md).  Pass
   ``--dtype bfloat16`` (or ``auto``) explicitly for speed;
 * on CPU, vLLM's compile cache is one that loads at the next start (``vllm/fixes.py``, fix 3);
+* on CPU, a seeded request whose prefill is chunked does not kill the engine, with or without
+  speculation (``vllm/fixes.py``, fix 4; applied in the engine's processes by ``vllm/plugin.py``);
 * with lookahead's speculative config it accepts ``min_p`` and ``logit_bias``, which vLLM refuses with
   any speculative config, and serves them without drafts (``vllm/sampling_cover.py``).
 
@@ -19,7 +21,10 @@ Any other argument goes to vLLM unchanged; ``vllm-lookahead serve --help`` print
 
 from __future__ import annotations
 
+import os
 import sys
+
+from vllm_lookahead.vllm.plugin import ENGINE_FIXES_ENV
 
 DEFAULT_DTYPE = "float32"
 
@@ -38,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_lookahead.vllm.serve_patch import install_cli_version_fix
 
     install_cli_version_fix()
+    os.environ[ENGINE_FIXES_ENV] = "1"  # every engine process of this server: vllm/plugin.py
     serve_all_sampling_fields()  # min_p / logit_bias: 200 as without speculation (vllm/sampling_cover.py)
     use_loadable_compile_cache()  # a restarted server loads its compiled model instead of compiling again
     from vllm.entrypoints.cli.main import main as vllm_main

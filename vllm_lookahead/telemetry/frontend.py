@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing
 import threading
 from typing import Any
+
+from vllm_lookahead.vllm.processes import is_frontend_process, is_worker_process
 
 from .config import TelemetryConfig
 from .otel import OTelEmitter
@@ -22,16 +23,6 @@ from .stats import SamplerStats, register_otel, register_prometheus
 from .worker import BoundedWorker
 
 logger = logging.getLogger("vllm_lookahead.telemetry")
-
-# Process names vLLM 0.32 gives to non-frontend processes (v1/engine/utils.py "EngineCore[_DPn]",
-# v1/executor/multiproc_executor.py "VllmWorker-n", Ray "DPEngineCoreActor").
-_BACKEND_PROCESS_PREFIXES = ("EngineCore", "VllmWorker", "DPEngineCore", "Worker")
-_WORKER_PREFIXES = ("VllmWorker", "Worker")
-
-
-def is_frontend_process(name: str | None = None) -> bool:
-    name = multiprocessing.current_process().name if name is None else name
-    return not name.startswith(_BACKEND_PROCESS_PREFIXES)
 
 
 class FrontendTelemetry:
@@ -92,7 +83,7 @@ def install_if_configured(env: dict[str, str] | None = None) -> FrontendTelemetr
     config = TelemetryConfig.from_env(env)
     if not config.enabled:
         return None
-    if config.spec_metrics == "detailed" and not multiprocessing.current_process().name.startswith(_WORKER_PREFIXES):
+    if config.spec_metrics == "detailed" and not is_worker_process():
         # the scheduler's process (EngineCore, or a frontend without multiprocessing): which tokens were drafted
         from vllm_lookahead.vllm.spec_steps import install
 

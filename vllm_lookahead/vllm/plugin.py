@@ -14,11 +14,15 @@ plugin knows it was asked, per process type:
   this package on the multiprocess executor: ``register()`` is called from ``EngineCore.__init__``, whose
   ``vllm_config`` it reads (``_engine_config``), and installs ``draft_reply``'s engine patches (a step's
   drafts come back with its sampled tokens: one RPC per step less).  Any other engine: nothing.
+* engine fixes -- in every engine of a ``vllm-lookahead serve`` server, with or without speculation
+  (``VLLM_LOOKAHEAD_ENGINE_FIXES=1``, set by ``serve.py`` and inherited by the processes vLLM spawns): in
+  EngineCore and worker processes, the seeded chunked-prefill fix when the device's generators need it
+  (``fixes.py``, fix 4), so that a plain server of ours serves every seeded request lookahead's does.
 * telemetry (frontend half) -- on when ``VLLM_LOOKAHEAD_TELEMETRY=1`` (environment, inherited by every
   process vLLM spawns); only the frontend process installs hooks (``telemetry.frontend``: EngineCore and
   workers are recognised by vLLM's process names), after the version check.
 Anything else: ``register()`` routes this package's log records to vLLM's handlers, looks at up to four stack
-frames and one environment variable, and returns (tested: no patch applied, patched functions
+frames and two environment variables, and returns (tested: no patch applied, patched functions
 identical, also with a vLLM version outside the supported range).
 """
 
@@ -33,6 +37,7 @@ logger = logging.getLogger("vllm_lookahead")
 _registered = False
 
 TELEMETRY_ENV = "VLLM_LOOKAHEAD_TELEMETRY"
+ENGINE_FIXES_ENV = "VLLM_LOOKAHEAD_ENGINE_FIXES"
 
 
 def telemetry_requested(env: dict[str, str] | None = None) -> bool:
@@ -72,11 +77,28 @@ def log_through_vllm() -> None:
     ours.propagate = False
 
 
+def _apply_engine_fixes() -> None:
+    """The worker-side fixes every engine of ``vllm-lookahead serve`` gets (a lookahead engine's proposer
+    applies them too; applying twice is a no-op).  Only in EngineCore / worker processes: the frontend
+    runs no model."""
+    from vllm_lookahead.vllm.processes import is_frontend_process
+
+    if is_frontend_process():
+        return
+    from vllm.platforms import current_platform
+
+    from vllm_lookahead.vllm.fixes import fix_seeded_chunked_prefill_if_broken
+
+    logger.info("vllm-lookahead: %s", fix_seeded_chunked_prefill_if_broken(current_platform.device_type))
+
+
 def register() -> None:
     global _registered
     if _registered:
         return
     log_through_vllm()
+    if os.environ.get(ENGINE_FIXES_ENV) == "1":
+        _apply_engine_fixes()
     config = _engine_config()
     if config is not None:
         from vllm_lookahead.vllm import draft_reply
