@@ -50,7 +50,7 @@ CATALOGUE: dict[str, AlarmText] = {
         "draft acceptance fell (speed, not correctness)", "check lookahead params and traffic mix",
         "outputs are still exact; lookahead params: W/N/G/k"),
     "exact_match": AlarmText(
-        "greedy outputs differ from the baseline more often than the baseline arm's own "
+        "greedy or seeded T>0 outputs differ from the baseline more often than the baseline arm's own "
         "(measured A/A mismatch rate, same pair source)",
         "lossless decoding is broken: roll the candidate back, replay the example prompts",
         "tested against the measured A/A rate (\"Exact match\" below)"),

@@ -1,5 +1,5 @@
-"""T=0 exact match: ``PairTable`` pairs greedy outputs of the two arms (and with ``--baseline-url``
-replays) and feeds them to ``PairedExactMatch``, which tests the candidate's mismatch rate against
+"""Exact match: ``PairTable`` pairs greedy outputs of the two arms (and with ``--baseline-url`` greedy
+and seeded T>0 replays) and feeds them to ``PairedExactMatch``, which tests the candidate's mismatch rate against
 the baseline arm's measured A/A rate.  Its budget slot is one of monitor.py's ``N_DETECTORS``.
 """
 
@@ -59,13 +59,14 @@ class PairTable(StatefulDetector):
         return self._score(pairs, trace, "arm")
 
     def add_replay(self, arm: str, output: list[int] | str | None, replayed: list[int] | str | None,
-                   trace_id: str | None, request_id: str) -> list[Alarm]:
-        """A sample and the ``--baseline-url`` server's answer to its prompt: a test pair for the
-        candidate arm, an A/A pair (the measured reference) for the baseline arm."""
+                   trace_id: str | None, request_id: str, source: str = "replay") -> list[Alarm]:
+        """A sample and the ``--baseline-url`` server's answer to its prompt (``source`` "replay": greedy,
+        "seeded": seeded T>0): a test pair for the candidate arm, an A/A pair (the measured reference)
+        for the baseline arm."""
         if arm == "baseline":
-            self.detector.add_aa([output != replayed], "replay")
+            self.detector.add_aa([output != replayed], source)
             return []
-        return self._score([(output, replayed)], [(trace_id, request_id)], "replay")
+        return self._score([(output, replayed)], [(trace_id, request_id)], source)
 
     def _score(self, pairs: list, trace: list, source: str) -> list[Alarm]:
         if not pairs:

@@ -282,7 +282,8 @@ class Pipeline:
         return [Alarm("impossible_tokens", model, arm, r, [t for t, _ in ex if t], [q for _, q in ex])]
 
     def add_replay_pair(self, sample: dict[str, Any], baseline: dict[str, Any]) -> None:
-        """Callback of the replay worker: pair a greedy output with the baseline server's answer.
+        """Callback of the replay worker: pair a greedy or seeded T>0 output with the baseline server's
+        answer (pair source ``replay`` or ``seeded``).
 
         A candidate sample gives a test pair; a baseline-arm sample gives an A/A pair: the measured
         mismatch rate the candidate's is tested against (no A/A pairs, no verdict)."""
@@ -293,8 +294,9 @@ class Pipeline:
         with self._lock:
             self.pending.pop(sample["request_id"], None)
             pt = self.charts.pair_table(sample["model"])
+            source = "seeded" if (sample.get("sampling") or {}).get("temperature") else "replay"
             self._emit(pt.add_replay(sample["deployment"]["arm"], cand, base, sample.get("trace_id"),
-                                     sample["request_id"]))
+                                     sample["request_id"], source))
 
     def add_conformance(self, sample: dict[str, Any], score: Any) -> None:
         """Callback of the conformance scorer: one T>0 sample scored under the baseline model."""

@@ -1,8 +1,9 @@
-"""Replays greedy prompts against a baseline OpenAI-compatible server (``--baseline-url``).
+"""Replays greedy and seeded prompts against a baseline OpenAI-compatible server (``--baseline-url``).
 
-When no baseline arm shares traffic with the candidate, the sidecar re-asks a baseline server (vLLM
-without lookahead) for a sampled fraction of greedy prompts and pairs the answers for the T=0 exact
-match detector.  Requests go through the shared worker (``workers.py``): one thread, retries with
+The sidecar re-asks a baseline server (vLLM without lookahead) for a sampled fraction of greedy
+prompts, and of seeded T>0 prompts of decoders that keep vLLM's seed promise
+(``decoder.seeded_exact``), and pairs the answers for the exact match detector (sources ``replay``
+and ``seeded``; baseline-arm samples give the A/A reference).  Requests go through the shared worker (``workers.py``): one thread, retries with
 backoff, and backpressure on the consumer instead of dropped prompts.
 
 A replay is only a fair comparison at the serving dtype: a bf16 output replayed on an fp32 server
@@ -36,11 +37,13 @@ class BaselineReplayClient:
         self.model = model
         self.timeout_s = timeout_s
 
-    def complete(self, prompt: str | list[int], max_tokens: int, model: str | None = None) -> dict[str, Any]:
+    def complete(self, prompt: str | list[int], max_tokens: int, model: str | None = None,
+                 sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Greedy, or with ``sampling`` (``seeded_sampling``'s fields, seed included) when given."""
         import requests
 
         body = {"model": model or self.model, "prompt": prompt, "max_tokens": max(1, max_tokens),
-                "temperature": 0.0, "return_token_ids": True}
+                "temperature": 0.0, "return_token_ids": True, **(sampling or {})}
         try:
             r = requests.post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s)
         except requests.RequestException as e:
@@ -55,6 +58,33 @@ class BaselineReplayClient:
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16"}
 
 
+# sample.sampling fields a seeded replay sends as recorded (vLLM's names); anything that changes the
+# distribution and is not recorded makes the sample not replayable (``seeded_sampling``)
+REPLAYED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty", "presence_penalty",
+                   "repetition_penalty", "min_tokens")
+
+
+def seeded_sampling(sample: dict[str, Any]) -> dict[str, Any] | str | None:
+    """The sampling fields to replay a seeded T>0 sample with, the reason it cannot be replayed exactly,
+    or None when it is not a seeded T>0 sample (greedy ones are replayed greedy, unseeded ones are for
+    the conformance scorer)."""
+    s = sample.get("sampling") or {}
+    if not (s.get("temperature") or 0) > 0 or not isinstance(s.get("seed"), int):
+        return None
+    if (sample.get("decoder") or {}).get("seeded_exact") is not True:
+        return "not_seeded_exact"  # rejection sampling: a seeded output differs without any fault
+    if s.get("logits_modified") or s.get("response_format"):
+        return "not_replayable"
+    if (s.get("n") or 1) > 1:
+        return "n_gt_1"
+    out = sample.get("output") or {}
+    n = out.get("num_tokens") or len(out.get("token_ids") or [])
+    fields = {k: s[k] for k in REPLAYED_FIELDS if s.get(k) is not None}
+    if "min_tokens" in fields:
+        fields["min_tokens"] = min(fields["min_tokens"], n)
+    return fields
+
+
 def normalize_dtype(dtype: str | None) -> str | None:
     """"torch.bfloat16", "bf16", "BFloat16" -> "bfloat16"; None stays None (unknown)."""
     if dtype is None:
@@ -66,8 +96,9 @@ def normalize_dtype(dtype: str | None) -> str | None:
 class ReplayWorker(PairWorker):
     """Background replayer: ``submit(sample)`` enqueues, ``on_result(sample, baseline)`` gets pairs.
 
-    Counts (``counts``): ``submitted``, ``done``, ``failed``, ``retries``, ``skipped_no_prompt``,
-    ``skipped_dtype_mismatch``; ``skips`` counts the skipped samples per (model, arm, reason).
+    Counts (``counts``): ``submitted``, ``done``, ``failed``, ``retries``, ``skipped_<reason>``
+    (``no_prompt``, ``dtype_mismatch`` and ``seeded_sampling``'s reasons); ``skips`` counts the skipped
+    samples per (model, arm, reason).
     ``server_dtype`` (the baseline server's dtype, as stated by the operator; None: not checked)
     refuses samples served at another dtype; a sample without ``decoder.dtype`` is replayed.
     """
@@ -79,8 +110,8 @@ class ReplayWorker(PairWorker):
         self.client, self.on_result = client, on_result
         self.server_dtype = normalize_dtype(server_dtype)
         super().__init__(fraction, max_queue, seed)
-        self.counts["skipped_no_prompt"] = 0
-        self.counts["skipped_dtype_mismatch"] = 0
+        for reason in ("no_prompt", "dtype_mismatch", "not_seeded_exact", "not_replayable", "n_gt_1"):
+            self.counts[f"skipped_{reason}"] = 0
         self.skips: Counter[tuple[str, str, str]] = Counter()
         if self.server_dtype is None:
             log.warning("baseline dtype not stated (--baseline-dtype): greedy replays are not checked for a "
@@ -88,24 +119,31 @@ class ReplayWorker(PairWorker):
 
     def _skip(self, sample: dict[str, Any], reason: str) -> str:
         key = (str(sample.get("model")), str((sample.get("deployment") or {}).get("arm")), reason)
-        if not self.skips[key]:
-            log.warning("not replaying %s/%s greedy samples (%s): served as %s, the baseline server runs %s; "
+        if not self.skips[key] and reason == "dtype_mismatch":
+            log.warning("not replaying %s/%s samples (%s): served as %s, the baseline server runs %s; "
                         "their token ids would differ by rounding alone", key[0], key[1], reason,
                         normalize_dtype((sample.get("decoder") or {}).get("dtype")), self.server_dtype)
         self.skips[key] += 1
         return reason
 
     def prepare(self, sample: dict[str, Any]) -> Any:
+        """Greedy outputs, and seeded T>0 outputs of seed-exact decoders, of both arms (baseline-arm
+        pairs are the A/A rate); anything else is not this worker's."""
+        sampling: dict[str, Any] | str | None = None
         if (sample.get("sampling") or {}).get("temperature") != 0:
-            return None  # greedy outputs only (both arms: baseline-arm pairs are the A/A rate)
+            sampling = seeded_sampling(sample)
+            if sampling is None:
+                return None
+            if isinstance(sampling, str):
+                return self._skip(sample, sampling)
         dtype = normalize_dtype((sample.get("decoder") or {}).get("dtype"))
         if None not in (dtype, self.server_dtype) and dtype != self.server_dtype:
             return self._skip(sample, "dtype_mismatch")
         prompt = (sample.get("prompt") or {}).get("text") or sample.get("prompt_token_ids")
-        return (sample, prompt) if prompt else self._skip(sample, "no_prompt")
+        return (sample, prompt, sampling) if prompt else self._skip(sample, "no_prompt")
 
-    def handle(self, item: tuple[dict[str, Any], Any]) -> None:
-        sample, prompt = item
+    def handle(self, item: tuple[dict[str, Any], Any, dict[str, Any] | None]) -> None:
+        sample, prompt, sampling = item
         out = sample.get("output") or {}
         n = out.get("num_tokens") or len(out.get("token_ids") or []) or 64
-        self.on_result(sample, self.client.complete(prompt, n, model=sample.get("model")))
+        self.on_result(sample, self.client.complete(prompt, n, model=sample.get("model"), sampling=sampling))

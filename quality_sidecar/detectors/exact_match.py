@@ -9,9 +9,13 @@ kind of pairs from the baseline arm:
 * ``arm`` pairs: a candidate-arm output vs the baseline arm's output for the same prompt; A/A pairs
   are the same prompt served twice by the baseline arm;
 * ``replay`` pairs: an output vs the ``--baseline-url`` server's answer to the replayed prompt;
-  candidate-arm samples are the test, baseline-arm samples the A/A reference.
+  candidate-arm samples are the test, baseline-arm samples the A/A reference;
+* ``seeded`` pairs: the same for seeded T>0 samples of decoders that keep vLLM's seed promise
+  (``decoder.seeded_exact``: no speculation, or lookahead's coupled verification), replayed with the
+  sample's sampling fields and seed -- at any temperature such a decoder's output is a function of
+  (prompt, parameters, seed), so a mismatch beyond the A/A rate is a broken decoder.
 
-The two sources differ in batch sizes and engines, so each has its own A/A reference and test.
+The sources differ in batch sizes, engines and sampling, so each has its own A/A reference and test.
 
 ``PairedExactMatch`` tests, per source, "candidate mismatch rate > A/A mismatch rate" with a one-sided
 Fisher exact test (the conditional binomial test given the total number of mismatches: exact for any
@@ -29,7 +33,7 @@ import numpy as np
 
 from .base import Result, StatefulDetector
 
-SOURCES = ("arm", "replay")
+SOURCES = ("arm", "replay", "seeded")
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -78,7 +82,7 @@ class PairedExactMatch(StatefulDetector):
     Looks and the false-alarm rate: each source's candidate pairs are cut into consecutive blocks of
     ``block`` pairs; when a block is full and the source has at least ``block`` A/A pairs, the
     block's mismatches are tested against all A/A pairs so far (one-sided Fisher), at
-    alpha = block / ert / 2 (half per source).  By the union bound over looks, an exact decoder
+    alpha = block / ert / 3 (a third per source).  By the union bound over looks, an exact decoder
     (equal rates in both arms) raises ``exact_match`` at most once per ``ert`` candidate pairs on
     average -- the same expected-run-time budget as every chart of the sidecar.  Before a source has
     ``block`` A/A pairs there is no verdict at all (its candidate pairs still count, as blocks
@@ -88,7 +92,7 @@ class PairedExactMatch(StatefulDetector):
     """
 
     STATE = ("sources_", "pairs_", "matches_", "positions_", "alarm_", "alarm_source_")
-    STATE_VERSION = 2
+    STATE_VERSION = 3
 
     def __init__(self, ert: float, block: int = 400):
         if ert <= block or block < 1:
@@ -128,9 +132,13 @@ class PairedExactMatch(StatefulDetector):
         return Counter({int(k): int(v) for k, v in value}) if name == "positions_" else value
 
     def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        """Version 1 was a CUSUM against a configured or learned p0: its sums mean nothing to the
-        two-sample test, so only the divergence positions carry over; pairs are gathered anew."""
+        """Version 2 had no ``seeded`` source: it starts empty, the others carry over.  Version 1 was a
+        CUSUM against a configured or learned p0: its sums mean nothing to the two-sample test, so only
+        the divergence positions carry over; pairs are gathered anew."""
         old = st.get("state", {})
+        if version == 2:
+            old["sources_"] = {**{s: _fresh_source() for s in SOURCES}, **old["sources_"]}
+            return {**st, "version": self.STATE_VERSION, "state": old}
         new = self.fit().get_state()
         new["state"]["positions_"] = old.get("positions_", [])
         return new

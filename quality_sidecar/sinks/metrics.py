@@ -99,12 +99,13 @@ class Metrics:
                                   "excludes them (top_p, top_k, min_p, vocab, min_tokens); 0 under exact sampling",
                                   ["model", "arm", "reason"], registry=r)
         self.replay_samples = Counter("quality_sidecar_replay_samples",
-                                      "Greedy samples re-asked of the baseline server for T=0 exact match, by outcome "
-                                      "(done, failed, retries, skipped_no_prompt, skipped_dtype_mismatch)",
+                                      "Greedy and seeded T>0 samples re-asked of the baseline server for exact match, "
+                                      "by outcome (done, failed, retries, skipped_<reason>)",
                                       ["outcome"], registry=r)
         self.replay_skipped = Counter("quality_sidecar_replay_skipped_samples",
-                                      "Greedy samples not replayed, by reason: dtype_mismatch (served at another "
-                                      "dtype than the baseline server's --baseline-dtype), no_prompt",
+                                      "Greedy and seeded T>0 samples not replayed, by reason: dtype_mismatch (served at "
+                                      "another dtype than the baseline server's --baseline-dtype), no_prompt, "
+                                      "not_seeded_exact, not_replayable, n_gt_1",
                                       ["model", "arm", "reason"], registry=r)
         self.conformance_logprob = Gauge("quality_sidecar_conformance_mean_token_logprob_nats",
                                          "Mean token log-prob of scored T>0 outputs under the baseline model",

@@ -77,10 +77,10 @@ def test_no_verdict_before_the_source_has_a_block_of_aa_pairs():
 
 
 def test_false_alarm_rate_per_look_is_at_most_alpha():
-    """The stated bound: under equal rates each look fires with probability <= alpha = block / ert / 2,
-    so (union bound) at most one false alarm per ert candidate pairs per source pair on average."""
+    """The stated bound: under equal rates each look fires with probability <= alpha = block / ert / 3
+    (three sources), so (union bound) at most one false alarm per ert candidate pairs on average."""
     det = PairedExactMatch(ert=4000, block=100)
-    assert det.alpha == pytest.approx(0.0125)
+    assert det.alpha == pytest.approx(100 / 4000 / 3)
     rng = np.random.default_rng(1)
     fired = 0
     for _ in range(2000):
@@ -154,3 +154,60 @@ def test_a_state_file_of_the_cusum_version_still_loads():
     pt = PairTable("m", MonitorConfig())
     pt.set_state(old)
     assert list(pt.table) == ["k"] and pt.detector.positions_ == {7: 1} and pt.detector.sources_["arm"]["pairs"] == 0
+
+
+def _seeded(s: dict, seed: int | None = 7, seeded_exact: bool | None = True, **sampling) -> dict:
+    s["sampling"].update({"temperature": 0.8, "top_p": 0.9, "seed": seed, "n": 1, **sampling})
+    s["decoder"]["seeded_exact"] = seeded_exact
+    return s
+
+
+def test_seeded_t_above_0_samples_are_replayed_with_their_sampling_only_where_the_decoder_keeps_the_seed():
+    """A seeded T>0 sample of a seed-exact decoder is replayed with its sampling fields and seed (and
+    max_tokens = its length); one whose decoder draws differently (rejection sampling), or whose
+    distribution the sample does not fully record, is counted per reason, never paired; an unseeded
+    one is not the replay's (the conformance scorer takes it)."""
+    w = ReplayWorker(BaselineReplayClient("http://127.0.0.1:9"), lambda s, b: None, fraction=1.0)
+    base = SampleStream(seed=4, arm="candidate", greedy_fraction=1.0).take(7)
+    cases = [_seeded(base[0], presence_penalty=0.5, min_tokens=10_000),
+             _seeded(base[1], seeded_exact=False),
+             _seeded(base[2], seeded_exact=None),
+             _seeded(base[3], logits_modified=True),
+             _seeded(base[4], n=2),
+             _seeded(base[5], seed=None),
+             base[6]]  # greedy: replayed greedy
+    items = [w.selected(s) for s in cases]
+    n = len(base[0]["output"]["token_ids"])
+    assert items[0][2] == {"temperature": 0.8, "top_p": 0.9, "seed": 7, "presence_penalty": 0.5, "min_tokens": n,
+                           **({"top_k": base[0]["sampling"]["top_k"]} if base[0]["sampling"].get("top_k") else {})}
+    assert items[1:6] == [None] * 5 and items[6][2] is None
+    assert {k[2]: v for k, v in w.skips.items()} == {"not_seeded_exact": 2, "not_replayable": 1, "n_gt_1": 1}
+
+
+def test_seeded_pairs_are_their_own_source_with_their_own_aa_reference():
+    """Through Pipeline.add_replay_pair: seeded T>0 pairs land in the ``seeded`` source (A/A from the
+    baseline arm), greedy ones in ``replay``; a decoder that loses the seed in 10% of outputs alarms."""
+    pipe = Pipeline(ServiceConfig.from_dict({"monitor": {"exact_match_block": 100}}))
+    rng = np.random.default_rng(2)
+    for arm in ("baseline", "candidate"):
+        for s in SampleStream(seed=5, arm=arm, greedy_fraction=1.0).take(400):
+            ids = s["output"]["token_ids"]
+            _seeded(s)
+            lost = arm == "candidate" and rng.random() < 0.10
+            pipe.add_replay_pair(s, {"token_ids": [ids[0] + 1, *ids[1:]] if lost else ids})
+    d = pipe.charts.pairs["demo-code-4l"].detector
+    assert d.sources_["seeded"]["aa_pairs"] == d.sources_["seeded"]["pairs"] == 400
+    assert d.sources_["replay"]["pairs"] == 0
+    alarms = [a for a in pipe.active_alarms() if a["detector"] == "exact_match"]
+    assert alarms and d.alarm_source_ == "seeded"
+
+
+def test_a_state_file_without_the_seeded_source_still_loads():
+    """A restart after the upgrade that added the ``seeded`` source: the others carry over."""
+    old = PairedExactMatch(ERT).get_state()
+    old["version"] = 2
+    old["state"]["sources_"].pop("seeded")
+    old["state"]["sources_"]["replay"]["aa_pairs"] = 123
+    det = PairedExactMatch(ERT)
+    det.set_state(old)
+    assert det.sources_["replay"]["aa_pairs"] == 123 and det.sources_["seeded"]["aa_pairs"] == 0

@@ -100,7 +100,7 @@ def test_schema_1_1_fields_and_1_0_samples_stay_valid():
     req = make_request("llm-00ff-3#1", stop_reason="\n", engine_request_id="3#1", choice_index=1)
     s = build_sample(req, arm="baseline", release=None, instance=None, redact_prompts=False)
     validate_sample(s)
-    assert s["schema_version"] == "1.4" and s["vllm_request_id"] == "3#1"
+    assert s["schema_version"] == "1.5" and s["vllm_request_id"] == "3#1"
     assert s["output"]["stop_reason"] == "\n" and s["output"]["index"] == 1
     assert req.decision_id == "3#1"
     s = build_sample(make_request(stop_reason=2), arm="baseline", release=None, instance=None,
@@ -277,3 +277,14 @@ def test_sampler_thread_is_recreated_after_fork(tmp_path):
     sampler.shutdown(5)
     ids = sorted(json.loads(line)["request_id"] for line in path.read_text().splitlines())
     assert ids == ["child-1", "parent-1"]
+
+
+def test_seeded_exact_is_claimed_only_where_a_seeded_output_reproduces_without_speculation():
+    """Schema 1.5 ``decoder.seeded_exact``: lookahead's coupled verification on CPU with float32 logits
+    (this machine) keeps vLLM's seed promise; in bf16 and for vLLM's own methods the rejection sampler
+    draws differently, so the sidecar must not replay their seeded outputs token for token."""
+    from vllm_lookahead.vllm.frontend_patch import seeded_exact
+
+    assert seeded_exact("lookahead", "float32")
+    assert not seeded_exact("lookahead", "bfloat16") and not seeded_exact("lookahead", None)
+    assert not any(seeded_exact(m, "float32") for m in ("ngram", "suffix", "eagle", "unknown"))

@@ -25,6 +25,7 @@ class Decoder:
     plugin_version: str | None = None
     vllm_version: str | None = None
     dtype: str | None = None  # the model's compute dtype (schema 1.4 decoder.dtype)
+    seeded_exact: bool | None = None  # seeded T>0 output reproduces without speculation (schema 1.5)
 
 
 @dataclass(slots=True)
@@ -184,6 +185,7 @@ def build_sample(req: FinishedRequest, *, arm: str, release: str | None, instanc
             "plugin_version": req.decoder.plugin_version,
             "vllm_version": req.decoder.vllm_version,
             "dtype": req.decoder.dtype,
+            "seeded_exact": req.decoder.seeded_exact,
         },
         "sampling": dict(req.sampling),
         "prompt": {

@@ -136,7 +136,7 @@ def describe_decoder(vllm_config: Any) -> Decoder:
     dtype = serving_dtype(vllm_config)
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is None:
-        return Decoder("none", {}, plugin_version, vllm_version, dtype)
+        return Decoder("none", {}, plugin_version, vllm_version, dtype, seeded_exact=True)
     method = str(getattr(spec, "method", None) or "unknown")
     k = int(getattr(spec, "num_speculative_tokens", 0) or 0)
     params: dict[str, Any] = {"k": k}
@@ -146,7 +146,19 @@ def describe_decoder(vllm_config: Any) -> Decoder:
     elif method == "ngram":
         params["prompt_lookup_min"] = getattr(spec, "prompt_lookup_min", None)
         params["prompt_lookup_max"] = getattr(spec, "prompt_lookup_max", None)
-    return Decoder(method, params, plugin_version, vllm_version, dtype)
+    return Decoder(method, params, plugin_version, vllm_version, dtype, seeded_exact=seeded_exact(method, dtype))
+
+
+def seeded_exact(method: str, dtype: str | None) -> bool:
+    """Does a seeded T>0 request give the tokens it gives without speculation (schema 1.5
+    ``decoder.seeded_exact``)?  Lookahead's coupled verification makes it so on CPU with float32 logits
+    (docs/lookahead.md, "What is guaranteed where"); vLLM's rejection sampler (every other method, and
+    lookahead elsewhere) draws a different number of times, so a seeded output differs without a fault."""
+    if method != "lookahead" or dtype != "float32":
+        return False
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def engine_info(vllm_config: Any, id_prefix: str = "") -> EngineInfo:
