@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "tests" / "telemetry"))  # the VllmServer helper o
 
 from tqdm import tqdm  # noqa: E402
 
-from vllm_lookahead.devtools.kafka_broker import KafkaBroker  # noqa: E402
+from tests.support.kafka_broker import KafkaBroker  # noqa: E402
 from vllm_lookahead.telemetry.config import TelemetryConfig  # noqa: E402
 from vllm_lookahead.telemetry.frontend import FrontendTelemetry  # noqa: E402
 from vllm_lookahead.telemetry.otel import OTelEmitter  # noqa: E402
@@ -232,8 +232,8 @@ def main() -> None:
                     help="results JSON path")
     args = ap.parse_args()
     if not args.skip_e2e and args.model is None:
-        from vllm_lookahead.devtools.paths import demo_model_dir
-        args.model = str(demo_model_dir())
+        from vllm_lookahead.decoders import DEMO_MODEL
+        args.model = str(DEMO_MODEL)
         if not (Path(args.model) / "config.json").exists():
             sys.exit(f"{args.model} missing: pass --model PATH or train it (models/train_demo_model.py)")
 

@@ -16,8 +16,8 @@ import requests
 from telemetry_support import VllmServer, check_draft_mask, sampler_counts
 
 from quality_sidecar.schema import validate_sample
-from vllm_lookahead.devtools.jaeger import span_tags
-from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+from tests.support.jaeger import span_tags
+from tests.support.kafka_broker import KafkaBroker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.kafka, pytest.mark.otlp, pytest.mark.slow]
 
