@@ -35,8 +35,7 @@ from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "telemetry"))  # the VllmServer helper of the tests
+sys.path.insert(0, str(REPO))  # the checkout first: tests.support (CONTRIBUTING.md)
 
 from tqdm import tqdm  # noqa: E402
 
@@ -151,7 +150,8 @@ def micro(args: argparse.Namespace) -> list[dict[str, Any]]:
 # ---- part 2 --------------------------------------------------------------------------------------
 def e2e(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     import requests
-    from telemetry_support import VllmServer
+
+    from tests.support.vllm_server import VllmServer
 
     spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                        "prompt_lookup_min": 1})
