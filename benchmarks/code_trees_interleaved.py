@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from vllm_lookahead import bench
-    from vllm_lookahead.devtools.paths import demo_model_dir
+    from vllm_lookahead.decoders import DEMO_MODEL
 
-    model = str(demo_model_dir())
+    model = str(DEMO_MODEL)
     methods = [m for m in args.methods.split(",") if m]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     bench_argv = ["--max-tokens", str(args.max_tokens), "--seed", str(args.seed)]

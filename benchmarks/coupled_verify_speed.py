@@ -160,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="fresh engines per batch size, interleaved (default 3)")
     ap.add_argument("--json", default=None, help="write the results JSON here")
     args = ap.parse_args(argv)
-    from vllm_lookahead.devtools.paths import demo_model_dir
+    from vllm_lookahead.decoders import DEMO_MODEL
     from vllm_lookahead.prompts import load_heldout_prompts
 
-    args.model = args.model or str(demo_model_dir())
+    args.model = args.model or str(DEMO_MODEL)
     prompts = load_heldout_prompts(args.n, "copy")
     batches = [int(b) for b in args.batches.split(",")]
     runs: dict[int, list[dict]] = {b: [] for b in batches}

@@ -39,9 +39,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout first: tests.faults, tests.support (CONTRIBUTING.md)
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
-F = "custom:vllm_lookahead.gate.faulty."
+F = "custom:tests.faults."
 # the faults of issue 40's point 4 that the in-process gate can run (vLLM 0.32 refuses min_p with
 # speculative decoding, so "min_p ignored" cannot be built as a proposer fault here)
 FAULTS = (F + "IgnoreTruncationProposer:k=4,param=top_p;" + F + "IgnoreTruncationProposer:k=4,param=top_k;"

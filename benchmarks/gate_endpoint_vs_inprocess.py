@@ -29,9 +29,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests import faults  # noqa: E402
+from tests.support.vllm_server import VllmServer  # noqa: E402
 from vllm_lookahead.decoders import parse_spec  # noqa: E402
-from vllm_lookahead.devtools.vllm_server import VllmServer  # noqa: E402
-from vllm_lookahead.gate import faulty  # noqa: E402
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set  # noqa: E402
 from vllm_lookahead.gate.policy import load_policy  # noqa: E402
 from vllm_lookahead.gate.run import (  # noqa: E402
@@ -44,7 +44,7 @@ from vllm_lookahead.gate.run import (  # noqa: E402
     score_samples,
 )
 
-FAULTY = faulty.CLASS_PATH
+FAULTY = faults.CLASS_PATH
 
 
 def candidates(factor: float) -> dict[str, tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:

@@ -1,6 +1,6 @@
 """Which T>0 statistic of the gate sees which fault: one gate run per faulty decoder, p-values per test.
 
-Every fault of ``vllm_lookahead.gate.faulty`` that touches only sampled outputs, and the exact decoders,
+Every fault of ``tests.faults`` that touches only sampled outputs, and the exact decoders,
 against one baseline arm on a subset of the default eval set, with the default policy's sampling
 profiles (or ``--profiles``).  Recorded per decoder: the verdict, every adjusted p-value of the
 ``sampled`` criterion (excess, PIT, likelihood shift, duplicates, length/stop/pass/flag rates), the
@@ -21,7 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-F = "custom:vllm_lookahead.gate.faulty."
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout first: tests.faults, tests.support (CONTRIBUTING.md)
+
+F = "custom:tests.faults."
 DECODERS = ["lookahead:k=8", "ngram:k=4",
             F + "DraftTemperatureProposer:k=4,factor=0.8", F + "LateDraftTemperatureProposer:k=4,factor=0.7",
             F + "IgnoreTruncationProposer:k=4,param=top_p", F + "IgnoreTruncationProposer:k=4,param=top_k",
@@ -38,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
 
-    from vllm_lookahead.decoders import parse_spec
-    from vllm_lookahead.devtools.paths import demo_model_dir
+    from vllm_lookahead.decoders import DEMO_MODEL, parse_spec
     from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
     from vllm_lookahead.gate.policy import load_policy
     from vllm_lookahead.gate.run import (
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         score_samples,
     )
 
-    model = Path(args.model or demo_model_dir())
+    model = Path(args.model or DEMO_MODEL)
     pol = load_policy()
     pol["criteria"]["sampled"]["samples_per_item"] = args.samples_per_item
     pol["runs"]["latency_items"] = 2

@@ -29,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
-FAULTY = "custom:vllm_lookahead.gate.faulty."
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout first: tests.faults, tests.support (CONTRIBUTING.md)
+
+FAULTY = "custom:tests.faults."
 DEFAULT_ARMS = [
     "none=none",
     "lookahead=lookahead:k=8",
@@ -117,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     from sidecar_conformance import generate, parse_arm, score
 
     from quality_sidecar.detectors.conformance_scoring import SamplerParams, score_topk
-    from vllm_lookahead.devtools.paths import demo_model_dir
+    from vllm_lookahead.decoders import DEMO_MODEL
     from vllm_lookahead.prompts import load_heldout_prompts
 
-    model = args.model or str(demo_model_dir())
+    model = args.model or str(DEMO_MODEL)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     prompts = load_heldout_prompts(args.prompts, "open", seed=3)
     params = SamplerParams(args.temperature, top_k=args.top_k, top_p=args.top_p)

@@ -114,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import requests
 
+    from tests.support.vllm_server import VllmServer
     from vllm_lookahead.bench import load_prompts
-    from vllm_lookahead.devtools.paths import demo_model_dir
-    from vllm_lookahead.devtools.vllm_server import VllmServer
+    from vllm_lookahead.decoders import DEMO_MODEL
 
-    model = args.model or str(demo_model_dir())
+    model = args.model or str(DEMO_MODEL)
     spec = parse_spec(args.decoder)
     prompts = load_prompts(args.prompts, args.n, args.seed)
     if len(prompts) < args.n:

@@ -250,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from tqdm import tqdm
 
-    from vllm_lookahead.devtools.paths import demo_model_dir
-    from vllm_lookahead.devtools.vllm_server import VllmServer
+    from tests.support.vllm_server import VllmServer
+    from vllm_lookahead.decoders import DEMO_MODEL
 
-    model = args.model or str(demo_model_dir())
+    model = args.model or str(DEMO_MODEL)
     try:
         specs = [parse_spec(s) for s in _split_specs(args.methods)]
         concurrencies, temperatures = parse_concurrency(args.max_concurrency), parse_temperatures(args.temperatures)

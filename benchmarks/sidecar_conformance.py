@@ -3,7 +3,7 @@
 What it measures, on the demo model with held-out prompts at T > 0, through the same top-K scoring a
 baseline vLLM server answers (``prompt_logprobs=K``, K = 20 by default = vLLM's ``max_logprobs``):
   1. real samples from exact decoders (no speculation, lookahead chain, lookahead 2D; float32 and
-     bfloat16) and from faulty decoders of the T>0-only class (``vllm_lookahead.gate.faulty``: the
+     bfloat16) and from faulty decoders of the T>0-only class (``tests.faults``: the
      temperature of draft positions scaled; vLLM's original CPU expand kernel, the real bug);
   2. each stream scored under the baseline model (a separate no-speculation engine of the stream's
      dtype: the sampler and the scorer are different engines, as in production);
@@ -37,18 +37,21 @@ from typing import Any
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout first: tests.faults, tests.support (CONTRIBUTING.md)
+
 DEFAULT_ARMS = [
     "none=none",
     "lookahead=lookahead:k=4",
     "lookahead2d=lookahead2d:W=5,N=3,G=5",
     "none_bf16=none@bfloat16",
     "lookahead_bf16=lookahead:k=4@bfloat16",
-    "draft_temp_0.95=custom:vllm_lookahead.gate.faulty.DraftTemperatureProposer:k=4,factor=0.95",
-    "draft_temp_0.9=custom:vllm_lookahead.gate.faulty.DraftTemperatureProposer:k=4,factor=0.9",
-    "draft_temp_0.8=custom:vllm_lookahead.gate.faulty.DraftTemperatureProposer:k=4,factor=0.8",
-    "draft_temp_0.7=custom:vllm_lookahead.gate.faulty.DraftTemperatureProposer:k=4,factor=0.7",
-    "draft_temp_1.25=custom:vllm_lookahead.gate.faulty.DraftTemperatureProposer:k=4,factor=1.25",
-    "expand_bug_ngram=custom:vllm_lookahead.gate.faulty.OriginalExpandKernelProposer:k=4",
+    "draft_temp_0.95=custom:tests.faults.DraftTemperatureProposer:k=4,factor=0.95",
+    "draft_temp_0.9=custom:tests.faults.DraftTemperatureProposer:k=4,factor=0.9",
+    "draft_temp_0.8=custom:tests.faults.DraftTemperatureProposer:k=4,factor=0.8",
+    "draft_temp_0.7=custom:tests.faults.DraftTemperatureProposer:k=4,factor=0.7",
+    "draft_temp_1.25=custom:tests.faults.DraftTemperatureProposer:k=4,factor=1.25",
+    "expand_bug_ngram=custom:tests.faults.OriginalExpandKernelProposer:k=4",
 ]
 
 
@@ -266,10 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     from quality_sidecar.baseline_scoring import ConformanceConfig
     from quality_sidecar.detectors.conformance_scoring import SamplerParams
     from quality_sidecar.detectors.conformance_stats import likelihood_shift, pit_test, pit_z
-    from vllm_lookahead.devtools.paths import demo_model_dir
+    from vllm_lookahead.decoders import DEMO_MODEL
     from vllm_lookahead.prompts import load_heldout_prompts
 
-    model = args.model or str(demo_model_dir())
+    model = args.model or str(DEMO_MODEL)
     cc = ConformanceConfig()
     chart_kw = {"ert_tokens": args.ert_tokens or cc.ert_tokens, "shift": args.shift or cc.shift}
     prompts = load_heldout_prompts(args.prompts, "open", seed=1)

@@ -190,7 +190,7 @@ def lag_section(rate: int, seconds: int, cheap: bool = True) -> dict:
     import subprocess
 
     from quality_sidecar.service import Service
-    from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+    from tests.support.kafka_broker import KafkaBroker
 
     warm = 2500
     root = str(Path(__file__).resolve().parents[1])

@@ -5,7 +5,7 @@ The situation of a consumer catching up after a restart or a deploy.  On the dem
 prompts at T=1: a baseline arm (no speculation) leads with ``--lead`` samples, then baseline and
 candidate alternate 1:1 up to ``--samples``.  Two candidates, each its own stream:
   * ``fault``: a verifier that samples draft positions at 0.8x the temperature (sharper than specified,
-    ``gate.faulty.DraftTemperatureProposer``; about +0.3 nat/token under the model's likelihood);
+    ``tests.faults.DraftTemperatureProposer``; about +0.3 nat/token under the model's likelihood);
   * ``exact``: the default lookahead proposer (an exact decoder: any alarm is a false alarm).
 Each stream is read by the sidecar's real service (``quality_sidecar.service.Service``, the code behind
 ``quality-sidecar run``) with its default config (plus the model's ``vocab_size``), scoring every T>0
@@ -36,11 +36,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout first: tests.faults, tests.support (CONTRIBUTING.md)
+
 ARMS = {
     "none": "none",
     "exact": "lookahead:k=4",
-    "fault": "custom:vllm_lookahead.gate.faulty.DraftTemperatureProposer:k=4,factor=0.8",
-    "late": "custom:vllm_lookahead.gate.faulty.LateDraftTemperatureProposer:k=4,factor=0.7",
+    "fault": "custom:tests.faults.DraftTemperatureProposer:k=4,factor=0.8",
+    "late": "custom:tests.faults.LateDraftTemperatureProposer:k=4,factor=0.7",
 }
 CONFORMANCE_DETECTORS = ("sampling_conformance", "impossible_tokens", "repeated_samples")
 
@@ -85,12 +88,11 @@ def produce(spec: str, label: str, sink: str, args: argparse.Namespace) -> None:
                       VLLM_LOOKAHEAD_QUEUE_SIZE="100000")  # a benchmark keeps every sample
     from vllm import SamplingParams
 
-    from vllm_lookahead.decoders import parse_spec
-    from vllm_lookahead.devtools.paths import demo_model_dir
+    from vllm_lookahead.decoders import DEMO_MODEL, parse_spec
     from vllm_lookahead.engine import make_llm
     from vllm_lookahead.prompts import load_heldout_prompts
 
-    model = args.model or str(demo_model_dir())
+    model = args.model or str(DEMO_MODEL)
     prompts = load_heldout_prompts(args.prompts, "open", seed=7)
     llm = make_llm(model, parse_spec(spec), dtype=args.dtype, seed=args.seed, max_model_len=1024,
                    max_num_seqs=args.batch if spec == "none" else args.candidate_batch,
@@ -233,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from sidecar_conformance import generate
 
-    from vllm_lookahead.devtools.paths import demo_model_dir
-    from vllm_lookahead.devtools.vllm_server import VllmServer
+    from tests.support.vllm_server import VllmServer
+    from vllm_lookahead.decoders import DEMO_MODEL
     from vllm_lookahead.prompts import load_heldout_prompts
 
-    model = args.served_model = args.model or str(demo_model_dir())  # the producer names samples by the model path
+    model = args.served_model = args.model or str(DEMO_MODEL)  # the producer names samples by the model path
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     prompts = load_heldout_prompts(args.prompts, "open", seed=7)
     n_cand = (args.samples - args.lead) // 2
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         broker = None
         try:
             if "kafka" in args.sources:
-                from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+                from tests.support.kafka_broker import KafkaBroker
 
                 (Path(tmp) / "kafka").mkdir()
                 broker = KafkaBroker(Path(tmp) / "kafka").start()

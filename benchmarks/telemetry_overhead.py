@@ -35,12 +35,11 @@ from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "telemetry"))  # the VllmServer helper of the tests
+sys.path.insert(0, str(REPO))  # the checkout first: tests.support (CONTRIBUTING.md)
 
 from tqdm import tqdm  # noqa: E402
 
-from vllm_lookahead.devtools.kafka_broker import KafkaBroker  # noqa: E402
+from tests.support.kafka_broker import KafkaBroker  # noqa: E402
 from vllm_lookahead.telemetry.config import TelemetryConfig  # noqa: E402
 from vllm_lookahead.telemetry.frontend import FrontendTelemetry  # noqa: E402
 from vllm_lookahead.telemetry.otel import OTelEmitter  # noqa: E402
@@ -151,7 +150,8 @@ def micro(args: argparse.Namespace) -> list[dict[str, Any]]:
 # ---- part 2 --------------------------------------------------------------------------------------
 def e2e(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     import requests
-    from telemetry_support import VllmServer
+
+    from tests.support.vllm_server import VllmServer
 
     spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                        "prompt_lookup_min": 1})
@@ -232,8 +232,8 @@ def main() -> None:
                     help="results JSON path")
     args = ap.parse_args()
     if not args.skip_e2e and args.model is None:
-        from vllm_lookahead.devtools.paths import demo_model_dir
-        args.model = str(demo_model_dir())
+        from vllm_lookahead.decoders import DEMO_MODEL
+        args.model = str(DEMO_MODEL)
         if not (Path(args.model) / "config.json").exists():
             sys.exit(f"{args.model} missing: pass --model PATH or train it (models/train_demo_model.py)")
 

@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_lookahead.bench import WARMUP_PROMPTS, load_prompts
-    from vllm_lookahead.decoders import parse_spec
-    from vllm_lookahead.devtools.paths import demo_model_dir
+    from vllm_lookahead.decoders import DEMO_MODEL, parse_spec
     from vllm_lookahead.engine import StepCounter, make_llm
     from vllm_lookahead.vllm.proposer import PROFILE
 
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in (SPECS if r % 2 == 0 else SPECS[::-1])]  # order alternates by repeat
     try:
         for r, bs, spec in tqdm(jobs, desc="engines", unit="run"):
-            llm = make_llm(str(demo_model_dir()), parse_spec(spec), dtype="float32", seed=0, enforce_eager=True,
+            llm = make_llm(str(DEMO_MODEL), parse_spec(spec), dtype="float32", seed=0, enforce_eager=True,
                            max_num_seqs=bs, max_model_len=2048)
             llm.generate(WARMUP_PROMPTS, sp, use_tqdm=False)
             PROFILE.reset()

@@ -12,7 +12,7 @@
 #   2. bfloat16 bench: none / ngram / suffix / lookahead at batch 1/8/32, 3 interleaved repeats
 #      (median [min, max] tokens/s) -> gpu_check_bench_bf16.json; also gives the bf16 match rate of
 #      each method next to none's A/A rate (none at batch b vs none at batch 1)
-#   3. verdict: python -m vllm_lookahead.devtools.gpu_check -> gpu_check_summary.json; exit 1 on a
+#   3. verdict: scripts/gpu_check.py -> gpu_check_summary.json; exit 1 on a
 #      failed check (fp32 not identical, 2D step never taken, bf16 mismatch beyond the A/A yardstick)
 #
 # Status: written without a GPU (none was lent to the session that wrote it); only --smoke has run.
@@ -92,6 +92,6 @@ run "step 2 (bfloat16 bench)" "$((LIMIT * 3 / 2))" "${BENCH_CMD[@]}" --dtype bfl
   --json "$BENCH"
 
 echo "[gpu_check] 3/3 verdict ($((SECONDS - start)) s so far)" >&2
-"$PY" -m vllm_lookahead.devtools.gpu_check --fp32 "$FP32" --bench "$BENCH" --json "$SUMMARY" \
+"$PY" scripts/gpu_check.py --fp32 "$FP32" --bench "$BENCH" --json "$SUMMARY" \
   --mode "$([[ $SMOKE == 1 ]] && echo smoke || echo gpu)" --command "scripts/gpu_check.sh $ARGS"
 echo "[gpu_check] done in $((SECONDS - start)) s" >&2

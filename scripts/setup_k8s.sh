@@ -13,7 +13,7 @@
 # and KEDA CRDs come from their Go modules, so the tier validates ServiceMonitor/PrometheusRule/
 # ScaledObject objects against the real schemas.  Facts behind each choice: shared/docs/k8s-control-plane.md.
 #
-# Layout (what vllm_lookahead/devtools/k8s_cluster.py reads):
+# Layout (what tests/support/k8s_cluster.py reads):
 #   $CACHE/k8s-$K8S_VERSION/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,kwok,etcd}
 #   $CACHE/k8s-$K8S_VERSION/kwok-stages.yaml
 #   $CACHE/k8s-$K8S_VERSION/crds/*.yaml

@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.devtools.paths import demo_model_dir
+from tests.support.paths import with_checkout_on_path
+from vllm_lookahead.decoders import DEMO_MODEL
 
+# Every process a test starts (a CLI, `vllm-lookahead serve` and its engine core) imports this checkout,
+# the test-only fault proposers (tests.faults) included.
+os.environ.update(with_checkout_on_path(dict(os.environ)))
 # Keep vLLM quiet, small and in one process unless a test asks otherwise.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -24,7 +28,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator:
     """A real single-node Kafka 4.x broker (KRaft) on a free loopback port, for the whole session."""
-    from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+    from tests.support.kafka_broker import KafkaBroker
 
     broker = KafkaBroker().start()
     try:
@@ -36,7 +40,7 @@ def kafka_broker() -> Iterator:
 @pytest.fixture
 def fresh_kafka_broker() -> Iterator:
     """A broker of its own, for tests that kill, pause or restart it."""
-    from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+    from tests.support.kafka_broker import KafkaBroker
 
     broker = KafkaBroker().start()
     try:
@@ -48,7 +52,7 @@ def fresh_kafka_broker() -> Iterator:
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
     """The trained demo model shipped in models/demo-code-4l (see its model card)."""
-    path = demo_model_dir()
+    path = DEMO_MODEL
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} missing: it is committed; run models/train_demo_model.py to rebuild it")
     return path

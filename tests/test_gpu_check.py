@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.devtools.gpu_check import check_bf16, check_fp32, summarize
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+sys.path.insert(0, str(ROOT / "scripts"))
+from gpu_check import check_bf16, check_fp32, summarize  # noqa: E402 (scripts/gpu_check.py, the verdict)
 
 
 def _bench(dtype: str, rows: dict[str, dict[str, dict]], n: int = 64) -> dict:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_lookahead.decoders import DEFAULT_DECODER, SpecError, parse_spec
+from vllm_lookahead.decoders import DEFAULT_DECODER, DEMO_MODEL, SpecError, parse_spec
 from vllm_lookahead.engine import StepCounter, make_llm
 
 
@@ -485,12 +485,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     model = args.model
     if model is None:
-        try:  # the demo model lives in a source checkout (devtools is not in the wheel)
-            from vllm_lookahead.devtools.paths import demo_model_dir
-        except ImportError:
+        if not DEMO_MODEL.exists():  # the demo model lives in a source checkout
             print("vllm-lookahead bench: --model is required outside a source checkout", file=sys.stderr)
             return 2
-        model = str(demo_model_dir())
+        model = str(DEMO_MODEL)
     try:
         specs = _split_specs(args.methods)
         for s in specs:

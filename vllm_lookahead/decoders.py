@@ -32,6 +32,7 @@ import importlib
 import importlib.util
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vllm_lookahead.core.config import K_LIMITS
@@ -40,6 +41,8 @@ LOOKAHEAD_CLASS = "vllm_lookahead.LookaheadProposer"
 DEFAULT_DECODER = "lookahead:k=8"
 """The project's default decoder, the one its CLIs run and its README reports: ``num_speculative_tokens``
 8 is the longest draft, the drafter decides each draft's length (docs/lookahead.md)."""
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "models" / "demo-code-4l"
+"""The model the CLIs run when none is given: in a source checkout only (models/ is not in the wheel)."""
 NGRAM_KEYS = ("n_min", "n_max", "kbs")
 # suffix SPEC key -> vLLM SpeculativeConfig field (vLLM's defaults when a key is left out)
 SUFFIX_KEYS = {"depth": "suffix_decoding_max_tree_depth", "spec_factor": "suffix_decoding_max_spec_factor",
@@ -248,19 +251,12 @@ def lookahead_overrides(k: int, settings: list[str]) -> dict[str, Any]:
     return parse_spec("lookahead:" + ",".join([f"k={k}", *settings])).params
 
 
-# Test-only decoders a source checkout has and the wheel leaves out (setup.py).
-DEV_ONLY_MODULES = ("vllm_lookahead.gate.faulty",)
-
-
 def check_class(class_path: str, spec: str) -> None:
     """Import ``pkg.module.Class`` now so that a typo fails before any engine starts."""
     module_path, name = class_path.rsplit(".", 1)
     try:
         module = importlib.import_module(module_path)
     except ImportError as e:
-        if module_path in DEV_ONLY_MODULES and getattr(e, "name", None) == module_path:
-            raise SpecError(f"{spec!r}: {module_path} is test-only and not in the installed wheel; "
-                            "use a source checkout (scripts/setup.sh, or pip install -e .)") from None
         raise SpecError(f"{spec!r}: cannot import {module_path!r}: {e}") from None
     if not isinstance(getattr(module, name, None), type):
         raise SpecError(f"{spec!r}: {module_path!r} has no class {name!r}")

@@ -3,7 +3,7 @@
 # Runs with a read-only root filesystem in the chart: nothing is written outside /tmp.
 FROM python:3.12-slim AS build
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY vllm_lookahead ./vllm_lookahead
 COPY quality_sidecar ./quality_sidecar
 RUN python -m venv /opt/venv \

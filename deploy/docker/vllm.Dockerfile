@@ -7,7 +7,7 @@
 FROM vllm/vllm-openai:v0.32.0
 
 WORKDIR /opt/vllm-lookahead
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY vllm_lookahead ./vllm_lookahead
 COPY quality_sidecar ./quality_sidecar
 

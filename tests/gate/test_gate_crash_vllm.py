@@ -1,7 +1,7 @@
 """A candidate whose engine really crashes is a FAIL (exit 1) that names where it crashed.
 
 The candidate runs vLLM 0.32's own CPU expand kernel while it samples, i.e. with the plugin's
-``cpu_expand_kernel`` fix switched off (``faulty.OriginalExpandKernelProposer``): the per-token top-k
+``cpu_expand_kernel`` fix switched off (``faults.OriginalExpandKernelProposer``): the per-token top-k
 it writes is uninitialised, and on the top-k profile vLLM's ``apply_top_k_top_p`` indexes out of
 bounds and the engine dies -- the real bug's real crash, nothing raised by the test.  The plain
 T=0.8 profile runs first and survives, so the report must name the top-k profile.  Small: 4 items,
@@ -19,7 +19,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from vllm_lookahead.gate import faulty
+from tests import faults
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -32,7 +32,7 @@ def test_real_engine_crash_on_top_k_profile_fails_the_candidate(demo_model: Path
     cmd = [sys.executable, "-m", "vllm_lookahead.cli", "gate", "--model", str(demo_model), "--limit", "1",
            "--tasks", "next_line,copy,json,test_name", "--policy", str(policy), "--report", str(report),
            "--junit", str(junit), "--max-model-len", "1024",
-           "--candidate", faulty.SPEC + "OriginalExpandKernelProposer:k=4"]
+           "--candidate", faults.SPEC + "OriginalExpandKernelProposer:k=4"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]

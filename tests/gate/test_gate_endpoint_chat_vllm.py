@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.devtools.vllm_server import VllmServer
+from tests.support.vllm_server import VllmServer
 from vllm_lookahead.gate.endpoint import EndpointClient, EndpointOptions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.process import free_port
 from vllm_lookahead.gate.cli import main as gate_main
 from vllm_lookahead.gate.endpoint import EndpointClient, EndpointError, EndpointOptions
 
@@ -61,11 +62,7 @@ def _stub(answer: Handler) -> Iterator[str]:
 
 
 def _dead_url() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there any more
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 FAST = EndpointOptions(timeout_s=2.0, retries=2, backoff_s=0.05)
@@ -188,7 +185,7 @@ def test_github_actions_example_uses_real_flags() -> None:
 
     import yaml
 
-    from vllm_lookahead.devtools.paths import REPO_ROOT
+    from tests.support.paths import REPO_ROOT
     from vllm_lookahead.gate.cli import build_parser
 
     wf = yaml.safe_load((REPO_ROOT / "docs" / "examples" / "gate-endpoints.yml").read_text())

@@ -2,7 +2,7 @@
 baseline server and a lookahead candidate server PASSes; a candidate server with a greedy fault FAILs
 on exact match, one with a T>0-only fault FAILs on the T>0 check alone; a dead candidate is exit 2.
 
-The faulty servers load the test-only proposers of vllm_lookahead.gate.faulty through
+The faulty servers load the test-only proposers of tests.faults through
 ``--speculative-config model=<class>`` (a real decoder cannot be made to misbehave on demand, hence
 the patches; they act in the server's engine process).  All servers start once, in parallel, for the
 module; one baseline arm (greedy, A/A, latency, T>0 samples) is shared by every candidate, and the
@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from vllm_lookahead.devtools.vllm_server import VllmServer
-from vllm_lookahead.gate import faulty
+from tests import faults
+from tests.support.process import free_port
+from tests.support.vllm_server import VllmServer
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
 from vllm_lookahead.gate.policy import load_policy
 from vllm_lookahead.gate.run import (
@@ -41,7 +41,7 @@ from vllm_lookahead.gate.run import (
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-FAULTY = faulty.CLASS_PATH
+FAULTY = faults.CLASS_PATH
 COMMON = ["--served-model-name", "demo", "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32",
           "--seed", "0"]
 
@@ -195,10 +195,7 @@ def test_cli_endpoint_mode_passes_and_writes_json_and_junit(servers: dict[str, V
 
 
 def test_cli_dead_candidate_exits_2(servers: dict[str, VllmServer], tmp_path: Path) -> None:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    s.close()
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     proc = _cli(["--baseline-url", servers["baseline"].url, "--candidate-url", dead, "--retries", "1",
                  "--limit", "1", "--report", str(tmp_path / "rep")], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]

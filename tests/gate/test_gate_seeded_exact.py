@@ -189,7 +189,7 @@ def test_the_coupled_fault_cools_only_draft_positions_of_sampled_rows() -> None:
     bonus positions and greedy rows untouched, the engine's logits never written."""
     import torch
 
-    from vllm_lookahead.gate.faulty import CoupledDraftTemperatureProposer
+    from tests.faults import CoupledDraftTemperatureProposer
 
     # rows: 0 greedy with 2 drafts, 1 at T=0.8 with 1 draft, 2 at T=1 with 0 drafts
     logits = torch.arange(1, 7, dtype=torch.float32).repeat(6, 1)  # 2 + 1 target positions, 3 bonus

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests import faults
 from vllm_lookahead.decoders import parse_spec
-from vllm_lookahead.gate import faulty
 from vllm_lookahead.gate.engine import ArmRuns, GateEngine
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
 from vllm_lookahead.gate.policy import load_policy
@@ -41,7 +41,7 @@ from vllm_lookahead.gate.run import (
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 LOOKAHEAD = "lookahead:k=8,measured_floor=false"
-FAULT = faulty.SPEC + "CoupledDraftTemperatureProposer:k=8,factor=0.8,measured_floor=false"
+FAULT = faults.SPEC + "CoupledDraftTemperatureProposer:k=8,factor=0.8,measured_floor=false"
 SAMPLES = 4
 
 

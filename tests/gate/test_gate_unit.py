@@ -35,8 +35,8 @@ def test_spec_none_ngram_lookahead_custom() -> None:
     la = parse_spec("lookahead:k=3,memory_depth=5,max_match=4,chain_min_p=0.1").engine_kwargs()
     assert la["speculative_config"] == {"model": "vllm_lookahead.LookaheadProposer", "num_speculative_tokens": 3}
     assert la["additional_config"] == {"lookahead": {"memory_depth": 5, "max_match": 4, "chain_min_p": 0.1}}
-    cu = parse_spec("custom:vllm_lookahead.gate.faulty.CorruptTokenProposer:k=2,fraction=0.25")
-    assert cu.engine_kwargs()["speculative_config"]["model"] == "vllm_lookahead.gate.faulty.CorruptTokenProposer"
+    cu = parse_spec("custom:tests.faults.CorruptTokenProposer:k=2,fraction=0.25")
+    assert cu.engine_kwargs()["speculative_config"]["model"] == "tests.faults.CorruptTokenProposer"
     assert cu.engine_kwargs()["additional_config"] == {"custom_proposer": {"fraction": 0.25}}
     sx = parse_spec("suffix:k=4,depth=16,min_prob=0.2", check_import=False).engine_kwargs()["speculative_config"]
     assert sx == {"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 16,
@@ -48,7 +48,7 @@ def test_spec_none_ngram_lookahead_custom() -> None:
     ("ngram:k=4,n_min=5,n_max=2", "n_min"), ("lookahead:k=4,window=x", "window"),
     ("lookahead:k=4,foo=1", "unknown key"), ("none:k=1", "no parameters"),
     ("custom:NoDots:k=4", "dotted class path"), ("custom:no_such_pkg.mod.Cls:k=4", "cannot import"),
-    ("custom:vllm_lookahead.gate.faulty.Nope:k=4", "has no class"), ("ngram:k=4,k=5", "twice"),
+    ("custom:tests.faults.Nope:k=4", "has no class"), ("ngram:k=4,k=5", "twice"),
     ("ngram:k=99", "<= 16"), ("suffix:k=4,tree=3", "unknown suffix parameter"),
     ("suffix:k=4,min_prob=2", "min_prob must be"), ("suffix:k=4,depth=0", "depth must be"),
 ])

@@ -1,5 +1,5 @@
 """The gate on a real vLLM CPU engine with the demo model: a correct speculative candidate PASSes and
-each deliberately faulty candidate (vllm_lookahead.gate.faulty, test-only) FAILs.
+each deliberately faulty candidate (tests.faults, test-only) FAILs.
 
 The faults are injected by patching vLLM internals from the faulty proposer classes -- a real
 decoder cannot be made to misbehave on demand, so this is the one place the gate is fed a fault on
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests import faults
 from vllm_lookahead.decoders import parse_spec
-from vllm_lookahead.gate import faulty
 from vllm_lookahead.gate.engine import ArmRuns
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, load_eval_set
 from vllm_lookahead.gate.policy import load_policy
@@ -24,7 +24,7 @@ from vllm_lookahead.gate.run import GateInputs, evaluate, preflight, run_baselin
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-FAULTY = faulty.SPEC
+FAULTY = faults.SPEC
 
 
 def _inputs(model: Path, candidate: str) -> GateInputs:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from helm_chart_support import CHART, K8S_VERSIONS, NAMESPACE, RELEASE, Manifests, run_helm
 
-from vllm_lookahead.devtools.paths import cache_dir, tool
+from tests.support.paths import cache_dir, tool
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.devtools.paths import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 CHART = REPO_ROOT / "deploy" / "helm" / "vllm-lookahead"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))

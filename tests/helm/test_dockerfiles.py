@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_lookahead.devtools.paths import REPO_ROOT, versions
+from tests.support.paths import REPO_ROOT, versions
 
 pytestmark = pytest.mark.helm
 

@@ -32,7 +32,7 @@ from helm_chart_support import (
     run_helm,
 )
 
-from vllm_lookahead.devtools.paths import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.helm
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.devtools.paths import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.helm
 

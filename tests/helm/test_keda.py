@@ -26,7 +26,7 @@ import pytest
 import yaml
 from helm_chart_support import CHART, NAMESPACE, RELEASE, by_kind, ci_file, run_helm
 
-from vllm_lookahead.devtools.paths import tool, versions
+from tests.support.paths import tool, versions
 
 pytestmark = pytest.mark.helm
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from helm_chart_support import NAMESPACE, RELEASE, by_kind, ci_file, component
 
-from vllm_lookahead.devtools.paths import tool
+from tests.support.paths import tool
 
 pytestmark = pytest.mark.helm
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from helm_chart_support import component, container_env
 
-from vllm_lookahead.devtools.kafka_broker import free_port
+from tests.support.process import free_port
 
 pytestmark = [pytest.mark.helm, pytest.mark.kafka]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from helm_cluster_support import FULL_NODE_TAINT, GPU_PRODUCT, PREREQUISITES
 
-from vllm_lookahead.devtools.k8s_cluster import GPU_TAINT, K8sCluster
-from vllm_lookahead.devtools.paths import tool
+from tests.support.k8s_cluster import GPU_TAINT, K8sCluster
+from tests.support.paths import tool
 
 
 @pytest.fixture(scope="session")

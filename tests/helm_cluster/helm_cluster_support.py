@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_lookahead.devtools.paths import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 CHART = REPO_ROOT / "deploy" / "helm" / "vllm-lookahead"
 GPU_PRODUCT = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from helm_cluster_support import CHART, FULL_NODE_TAINT
 
-from vllm_lookahead.devtools.k8s_cluster import K8sCluster
-from vllm_lookahead.devtools.paths import REPO_ROOT, versions
+from tests.support.k8s_cluster import K8sCluster
+from tests.support.paths import REPO_ROOT, versions
 
 pytestmark = pytest.mark.helm_cluster
 

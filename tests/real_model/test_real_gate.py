@@ -4,7 +4,7 @@ default lookahead -- exact greedy outputs and a silent T>0 conformance check (th
 the model's own likelihood) -- and FAILs a greedy fault on exact match and a T>0-only fault on the
 ``sampled`` criterion alone.
 
-The faults are the test-only proposers of ``vllm_lookahead.gate.faulty`` (a real decoder cannot be made
+The faults are the test-only proposers of ``tests.faults`` (a real decoder cannot be made
 to misbehave on demand).  The greedy fault runs on a subset (``--limit 2``): half of its requests carry a
 wrong token, which any item shows; the T>0 fault gets the default run's full size, as its signal is
 statistical.
@@ -25,7 +25,7 @@ from vllm_lookahead.decoders import DEFAULT_DECODER
 
 pytestmark = [pytest.mark.real_model]
 
-FAULTY = "custom:vllm_lookahead.gate.faulty."
+FAULTY = "custom:tests.faults."
 GREEDY_FAULT = FAULTY + "CorruptTokenProposer:k=8,fraction=0.5,position=1"
 T_FAULT = FAULTY + "DraftTemperatureProposer:k=8,factor=0.7"
 

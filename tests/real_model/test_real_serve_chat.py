@@ -54,7 +54,7 @@ def run_all(url: str) -> dict:
 def served(real_model, tmp_path_factory):
     import requests
 
-    from vllm_lookahead.devtools.vllm_server import VllmServer
+    from tests.support.vllm_server import VllmServer
 
     common = ["--served-model-name", "m", "--max-model-len", "1024", "--max-num-seqs", "8"]
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "INFO"}

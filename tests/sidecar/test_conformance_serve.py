@@ -27,7 +27,7 @@ from quality_sidecar.detectors.conformance_scoring import (
 from quality_sidecar.detectors.conformance_stats import pit_test
 from quality_sidecar.service import Service, ServiceConfig
 from quality_sidecar.workers import WorkFailed
-from vllm_lookahead.devtools.vllm_server import VllmServer
+from tests.support.vllm_server import VllmServer
 from vllm_lookahead.prompts import load_heldout_prompts
 
 from .conftest import metric_sum, run_and_scrape, scrape, write_jsonl

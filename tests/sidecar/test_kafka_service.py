@@ -20,7 +20,7 @@ import yaml
 
 from quality_sidecar.service import Service, ServiceConfig
 from quality_sidecar.synth import SampleStream, fuzz_messages
-from vllm_lookahead.devtools.kafka_broker import free_port
+from tests.support.process import free_port
 
 from .conftest import FAST_MONITOR, metric_sum, scrape
 

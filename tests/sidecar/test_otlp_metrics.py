@@ -1,7 +1,7 @@
 """The sidecar's OTLP metrics, as a real OpenTelemetry Collector receives them.
 
 The collector is the Jaeger v2 binary (an OTel Collector distribution) with a metrics pipeline
-``otlp receiver -> prometheus exporter`` (see ``vllm_lookahead/devtools/jaeger.py``).  The sidecar runs
+``otlp receiver -> prometheus exporter`` (see ``tests/support/jaeger.py``).  The sidecar runs
 a file stream with an injected acceptance regression and three malformed lines; what reaches the
 collector must carry the same numbers as the sidecar's own Prometheus registry: the sample and DLQ
 counters as monotonic counters (``*_total``), the alarm gauge at 1, the resource's service name.
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from quality_sidecar.cli import main
-from vllm_lookahead.devtools.jaeger import JaegerServer
+from tests.support.jaeger import JaegerServer
 
 from .conftest import metric_sum, scrape, write_jsonl
 from .test_cli_file import _config

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from quality_sidecar.synth import SampleStream
-from vllm_lookahead.devtools.kafka_broker import free_port
+from tests.support.process import free_port
 
 from .conftest import FAST_MONITOR, metric_sum, scrape
 

@@ -23,7 +23,7 @@ def otlp_receiver() -> Iterator:
 
         receiver = OtlpReceiver().start()
     elif choice == "jaeger":
-        from vllm_lookahead.devtools.jaeger import JaegerServer
+        from tests.support.jaeger import JaegerServer
 
         receiver = JaegerServer().start()
     else:

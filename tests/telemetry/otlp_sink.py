@@ -16,7 +16,7 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from vllm_lookahead.devtools.kafka_broker import free_port
+from tests.support.process import free_port
 
 _KINDS = {1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from vllm_lookahead.devtools.vllm_server import VllmServer  # noqa: F401 - re-exported for the serve tests
 from vllm_lookahead.telemetry.record import Decoder, FinishedRequest
 
 

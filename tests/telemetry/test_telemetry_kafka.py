@@ -111,7 +111,7 @@ def test_first_samples_to_a_new_auto_created_topic_all_arrive(kafka_broker):
 @pytest.fixture
 def broker_without_auto_create():
     """A broker where topics exist only once created (most production clusters)."""
-    from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+    from tests.support.kafka_broker import KafkaBroker
 
     broker = KafkaBroker(auto_create_topics=False).start()
     try:

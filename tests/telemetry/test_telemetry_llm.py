@@ -14,7 +14,7 @@ import pytest
 from telemetry_support import check_draft_mask
 
 from quality_sidecar.schema import validate_sample
-from vllm_lookahead.devtools.jaeger import span_tags
+from tests.support.jaeger import span_tags
 
 pytestmark = [pytest.mark.vllm, pytest.mark.otlp]
 

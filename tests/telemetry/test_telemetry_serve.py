@@ -13,11 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from telemetry_support import VllmServer, check_draft_mask, sampler_counts
+from telemetry_support import check_draft_mask, sampler_counts
 
 from quality_sidecar.schema import validate_sample
-from vllm_lookahead.devtools.jaeger import span_tags
-from vllm_lookahead.devtools.kafka_broker import KafkaBroker
+from tests.support.jaeger import span_tags
+from tests.support.kafka_broker import KafkaBroker
+from tests.support.vllm_server import VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.kafka, pytest.mark.otlp, pytest.mark.slow]
 

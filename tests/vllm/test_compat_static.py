@@ -17,10 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.devtools.paths import cache_dir, versions
+from tests import faults
+from tests.support.paths import cache_dir, versions
 from vllm_lookahead.vllm import compat, patches
 
 pytestmark = pytest.mark.vllm  # imports vLLM (live half): ~1-2 min on 2 cores
+
+# the plugin's uses and those of the test-only faults (tests/faults.py declares its patches; importing
+# it above put them in the registry)
+ALL_USES = compat.USES + faults.USES
 
 
 def vllm033_root() -> Path:
@@ -40,7 +45,7 @@ def report(title: str, results: dict) -> None:
 def test_vllm_033_source_has_everything_the_plugin_uses():
     root = vllm033_root()
     assert "0.33.0" in next((root / "vllm-0.33.0.dist-info").glob("METADATA")).read_text()[:400]
-    results = compat.check_static(root)
+    results = compat.check_static(root, ALL_USES)
     report("vLLM 0.33.0 (static, ast)", results)
     bad = {k: v for k, v in results.items() if v}
     assert not bad, bad
@@ -49,8 +54,8 @@ def test_vllm_033_source_has_everything_the_plugin_uses():
 def test_live_032_and_static_032_agree_on_every_use():
     import vllm
 
-    live = compat.check_live()
-    static = compat.check_static(compat.vllm_source_root())
+    live = compat.check_live(ALL_USES)
+    static = compat.check_static(compat.vllm_source_root(), ALL_USES)
     report(f"vLLM {vllm.__version__} (live import)", live)
     assert {k: v[0] for k, v in live.items() if v[0]} == {}
     assert {k: v for k, v in static.items() if v} == {}
@@ -60,7 +65,7 @@ def test_every_patch_target_is_a_listed_use():
     """The patch registry and the use list cannot drift: every vLLM target of a declared patch is in
     ``USES`` marked ``patched``, and every ``patched`` use is the target of some patch."""
     declared = patches.load_all()
-    listed = {u.label for u in compat.USES if u.patched}
+    listed = {u.label for u in ALL_USES if u.patched}
     targets = set()
     for p in declared.values():
         if not p.target.startswith("vllm."):

@@ -13,15 +13,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.devtools.kafka_broker import free_port
-from vllm_lookahead.devtools.vllm_server import stop_process_group
+from tests.support.process import free_port, spawn, stop_process_group, wait_http_ok
 
 pytestmark = [pytest.mark.vllm]
 
@@ -62,32 +60,17 @@ class Server:
         for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_LOOKAHEAD_TELEMETRY", "VLLM_LOOKAHEAD_CONFIG"):
             env.pop(k, None)
         self.log = log
-        self._fh = open(log, "ab")  # noqa: SIM115 (kept open for the process)
-        self.proc = subprocess.Popen(["bash", "-c", self.command], env=env, stdout=self._fh,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = spawn(["bash", "-c", self.command], log, env)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def wait(self, deadline: float) -> None:
-        import requests
-
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.command}\n"
-                                   + self.log.read_text(errors="replace")[-3000:])
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"not healthy: {self.command}\n" + self.log.read_text(errors="replace")[-3000:])
+        wait_http_ok(self.url + "/health", self.proc, self.log, deadline - time.time(), self.command)
 
     def stop(self) -> None:
         stop_process_group(self.proc)
-        self._fh.close()
 
 
 def completions(server: Server, model: Path) -> list[list[int]]:

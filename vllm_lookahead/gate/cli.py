@@ -19,12 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_lookahead.decoders import DEFAULT_DECODER, SPEC_HELP, SpecError, parse_spec
+from vllm_lookahead.decoders import DEFAULT_DECODER, DEMO_MODEL, SPEC_HELP, SpecError, parse_spec
 from vllm_lookahead.gate.evalset import DEFAULT_EVAL_SET, EvalSetError, load_eval_set
 from vllm_lookahead.gate.policy import DEFAULT_POLICY, PolicyError, load_policy
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = REPO_ROOT / "models" / "demo-code-4l"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vllm-lookahead gate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=SPEC_HELP + ". Own eval sets: `vllm-lookahead gate convert --help`. Docs: docs/gate.md")
     ap.add_argument("--model", default=None,
-                    help=f"in-process: model directory (default: {DEFAULT_MODEL}); endpoint mode: the served "
+                    help=f"in-process: model directory (default: {DEMO_MODEL}); endpoint mode: the served "
                          "model name (default: each server's first model)")
     ap.add_argument("--eval-set", default=str(DEFAULT_EVAL_SET), help="eval set JSONL (default: bundled stdlib set)")
     ap.add_argument("--baseline", default=None, help="baseline decoder SPEC (in-process; default: none)")
@@ -102,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--max-tokens must be >= 1")
         model = None
         if endpoints is None:
-            model = Path(args.model or DEFAULT_MODEL)
+            model = Path(args.model or DEMO_MODEL)
             if not model.is_dir():
                 raise UsageError(f"model directory {model} does not exist")
         inp = GateInputs(model, items, Path(args.eval_set).name, baseline, candidate, policy, args.dtype,

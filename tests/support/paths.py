@@ -1,4 +1,5 @@
-"""Where scripts/setup.sh put the pinned tools (one place, read from scripts/versions.env)."""
+"""Where things are in the checkout, and where scripts/setup.sh put the pinned tools (one place, read
+from scripts/versions.env)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def with_checkout_on_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the checkout first on ``PYTHONPATH``: a process a test or benchmark starts (a CLI,
+    ``vllm-lookahead serve`` and the engine core it forks) imports ``tests.*`` -- the fault proposers
+    -- and this checkout's packages."""
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO_ROOT)]
+    return {**env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *rest])}
 
 
 def versions() -> dict[str, str]:
@@ -35,7 +44,3 @@ def kafka_libs() -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run `scripts/setup.sh kafka` first")
     return path
-
-
-def demo_model_dir() -> Path:
-    return REPO_ROOT / "models" / "demo-code-4l"

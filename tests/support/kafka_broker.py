@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,12 +23,7 @@ import uuid
 from pathlib import Path
 
 from .paths import kafka_libs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .process import free_port, log_tail, spawn, stop_process_group
 
 
 class KafkaBroker:
@@ -99,9 +93,7 @@ class KafkaBroker:
                 check=True, capture_output=True, timeout=120,
             )
             self._formatted = True
-        self._log = open(self.workdir / "broker.log", "ab")  # noqa: SIM115 (kept open for the process)
-        self.proc = subprocess.Popen(self._java("kafka.Kafka", str(props)), stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = spawn(self._java("kafka.Kafka", str(props)), self.workdir / "broker.log")
         self.wait_ready(timeout)
         return self
 
@@ -131,8 +123,7 @@ class KafkaBroker:
         raise TimeoutError(f"Kafka at {self.bootstrap} not ready after {timeout:.0f} s: {last!r}\n" + self.log_tail())
 
     def log_tail(self, n: int = 40) -> str:
-        path = self.workdir / "broker.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
+        return log_tail(self.workdir / "broker.log", n)
 
     def create_topic(self, name: str, partitions: int = 1) -> None:
         from kafka.admin import KafkaAdminClient, NewTopic
@@ -164,14 +155,8 @@ class KafkaBroker:
         self.proc = None
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is None:
-            return
-        self.resume()
-        self._signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.proc is not None:
+            stop_process_group(self.proc, timeout)
         self.proc = None
 
     def close(self) -> None:

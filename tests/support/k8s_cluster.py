@@ -22,15 +22,14 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .kafka_broker import free_port
 from .paths import cache_dir, versions
+from .process import free_port, log_tail, spawn, stop_process_group
 
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -104,7 +103,6 @@ class K8sCluster:
         self.token = secrets.token_hex(16)
         self.kubeconfig = self.workdir / "kubeconfig"
         self.procs: dict[str, subprocess.Popen] = {}
-        self._logs: dict[str, Any] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -202,16 +200,8 @@ class K8sCluster:
         """kwok, scheduler, controller-manager, then the API server, and etcd last."""
         for name in ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.procs.pop(name, None)
-            if proc is None:
-                continue
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
-            self._logs.pop(name).close()
+            if proc is not None:
+                stop_process_group(proc, 15)
 
     def close(self) -> None:
         self.stop()
@@ -308,14 +298,10 @@ class K8sCluster:
         (self.workdir / "kwok-stages.yaml").write_text(stages + "\n---\n" + HELM_TEST_STAGE)
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - closed in stop()
-        self._logs[name] = log
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs[name] = spawn(cmd, self.workdir / f"{name}.log")
 
     def log_tail(self, name: str, lines: int = 30) -> str:
-        path = self.workdir / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return log_tail(self.workdir / f"{name}.log", lines)
 
     def _check_alive(self) -> None:
         for name, proc in self.procs.items():

@@ -1,11 +1,15 @@
-"""TEST-ONLY faulty decoders: prove the release gate bites.  Never deploy these.
+"""TEST-ONLY faulty decoders: prove the release gate (and the sidecar) bite.  Never deploy these.
 
-Each class is a speculative proposer vLLM loads as ``custom_class``
-(``--candidate custom:vllm_lookahead.gate.faulty.<Class>:k=4[,fraction=0.5,...]``).  They draft with
-plain prompt lookup (a correct, lossless drafter) and inject one fault each, through patches of vLLM
-0.32 internals installed when the proposer is constructed (in the worker: with the in-process engine
-that is this process).  The patches act only while the engine's drafter is one of these classes, so a
-later engine in the same process is unaffected.
+Each class is a speculative proposer vLLM loads as ``custom_class``: the gate's and the bench's SPEC
+``custom:tests.faults.<Class>:k=4[,fraction=0.5,...]`` (``SPEC``), vLLM's ``--speculative-config
+'{"model": "tests.faults.<Class>", ...}'`` (``CLASS_PATH``).  Any process that loads one needs the
+checkout on ``sys.path`` (tests/conftest.py puts it on ``PYTHONPATH`` for every process a test starts;
+benchmarks put it on ``sys.path`` and ``tests.support.vllm_server`` on a server's ``PYTHONPATH``).
+They draft with plain prompt lookup (a correct, lossless drafter) and inject one fault each, through
+patches of vLLM 0.32 internals declared below in the project's patch registry
+(``vllm_lookahead.vllm.patches``) and applied when a proposer is constructed (in the worker: with the
+in-process engine that is this process).  The patches act only while the engine's drafter is one of
+these classes, so a later engine in the same process is unaffected.
 
 Faults (a real decoder cannot be made to produce them on demand, hence the patches):
   * ``SecondChoiceProposer`` -- greedy verification also accepts a draft token that is the target's
@@ -56,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_lookahead.vllm import compat, patches
 from vllm_lookahead.vllm.proposer import LookaheadProposer
 
 # what names one of these classes: vLLM's ``speculative_config.model`` / ``--speculative-config`` takes
@@ -65,7 +70,20 @@ CLASS_PATH = __name__ + "."
 SPEC = "custom:" + CLASS_PATH
 
 _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("gate_faulty_drafter", default=None)
-_PATCHED = False
+
+# The vLLM functions the faults wrap, as vllm_lookahead.vllm.compat lists the plugin's own uses: checked
+# live on 0.32 and statically on 0.33 with them (tests/vllm/test_compat_static.py).
+_RS = "vllm.v1.sample.rejection_sampler"
+USES = (
+    compat.Use(_RS, "rejection_sample", "function",
+               ("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
+                "target_logits", "bonus_token_ids", "sampling_metadata"), patched=True, why="fault injection"),
+    compat.Use(_RS, "apply_sampling_constraints", "function", ("logits", "cu_num_draft_tokens", "sampling_metadata"),
+               patched=True, why="fault injection"),
+    compat.Use(_RS, "sample_recovered_tokens", "function",
+               ("max_spec_len", "num_draft_tokens", "cu_num_draft_tokens", "draft_token_ids"), patched=True,
+               why="fault injection"),
+)
 
 
 def _selected(prompt_ids: list[int] | None, fraction: float) -> bool:
@@ -76,17 +94,9 @@ def _selected(prompt_ids: list[int] | None, fraction: float) -> bool:
     return (h % 10_000) < fraction * 10_000
 
 
-def _install_patches() -> None:
-    """Wrap the runner's sampling step and the greedy rejection sampler (idempotent)."""
-    global _PATCHED
-    if _PATCHED:
-        return
-    from vllm.v1.sample import rejection_sampler as rs
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    orig_sample = GPUModelRunner._sample
-    orig_rejection = rs.rejection_sample
-
+@patches.declare("fault_runner_sample", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._sample",
+                 "test faults: drop/corrupt output tokens, scoped sampling changes of faulty proposers", "tool")
+def _runner_sample(orig_sample: Any) -> Any:
     def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
         drafter = getattr(self, "drafter", None)
         if not isinstance(drafter, _FaultyProposer):
@@ -100,6 +110,12 @@ def _install_patches() -> None:
         drafter.after_sample(self, out)
         return out
 
+    return _sample
+
+
+@patches.declare("fault_rejection_sample", f"{_RS}:rejection_sample",
+                 "test faults: lenient greedy acceptance, draft temperature", "tool")
+def _rejection_sample(orig_rejection: Any) -> Any:
     def rejection_sample(draft_token_ids: Any, num_draft_tokens: list[int], max_spec_len: int,
                          cu_num_draft_tokens: Any, draft_probs: Any, target_logits: Any,
                          bonus_token_ids: Any, sampling_metadata: Any, *args: Any, **kwargs: Any) -> Any:
@@ -119,9 +135,12 @@ def _install_patches() -> None:
         return orig_rejection(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                               draft_probs, target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
 
-    orig_constraints = rs.apply_sampling_constraints
-    orig_recovered = rs.sample_recovered_tokens
+    return rejection_sample
 
+
+@patches.declare("fault_sampling_constraints", f"{_RS}:apply_sampling_constraints",
+                 "test faults: top-p / top-k ignored at draft positions", "tool")
+def _sampling_constraints(orig_constraints: Any) -> Any:
     def apply_sampling_constraints(logits: Any, cu_num_draft_tokens: Any, sampling_metadata: Any) -> Any:
         drafter = _ACTIVE.get()
         if isinstance(drafter, IgnoreTruncationProposer) and not sampling_metadata.all_greedy:
@@ -130,6 +149,12 @@ def _install_patches() -> None:
             sampling_metadata = dataclasses.replace(sampling_metadata, **{drafter.param: None})
         return orig_constraints(logits, cu_num_draft_tokens, sampling_metadata)
 
+    return apply_sampling_constraints
+
+
+@patches.declare("fault_recovered_tokens", f"{_RS}:sample_recovered_tokens",
+                 "test faults: recovered token drawn from p instead of the residual", "tool")
+def _recovered_tokens(orig_recovered: Any) -> Any:
     def sample_recovered_tokens(max_spec_len: int, num_draft_tokens: list[int], cu_num_draft_tokens: Any,
                                 draft_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(_ACTIVE.get(), RecoveredFromTargetProposer):
@@ -137,13 +162,11 @@ def _install_patches() -> None:
             draft_token_ids = draft_token_ids.new_full(draft_token_ids.shape, -1)
         return orig_recovered(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, *args, **kwargs)
 
-    from vllm_lookahead.vllm import fault_patches, patches  # noqa: F401 (declares the targets)
+    return sample_recovered_tokens
 
-    patches.apply("fault_runner_sample", lambda _orig: _sample)
-    patches.apply("fault_rejection_sample", lambda _orig: rejection_sample)
-    patches.apply("fault_sampling_constraints", lambda _orig: apply_sampling_constraints)
-    patches.apply("fault_recovered_tokens", lambda _orig: sample_recovered_tokens)
-    _PATCHED = True
+
+FAULT_PATCHES = ("fault_runner_sample", "fault_rejection_sample", "fault_sampling_constraints",
+                 "fault_recovered_tokens")
 
 
 class _FaultyProposer:
@@ -158,7 +181,8 @@ class _FaultyProposer:
         eos = getattr(hf, "eos_token_id", None)
         self.eos = int(eos[0] if isinstance(eos, (list, tuple)) else (eos if eos is not None else 0))
         self.vocab = int(vllm_config.model_config.get_vocab_size())
-        _install_patches()
+        for name in FAULT_PATCHES:  # idempotent: a no-op while the wrapper is in place
+            patches.apply(name)
         # like LookaheadProposer: only the injected fault may differ from an exact decoder, so vLLM's
         # CPU expand kernel is fixed here too when its probe finds it broken (served engines)
         from vllm_lookahead.vllm.fixes import fix_cpu_expand_if_broken

@@ -1,6 +1,6 @@
 """The verdict of ``scripts/gpu_check.sh``: read the two bench JSONs it wrote, check, summarise.
 
-    python -m vllm_lookahead.devtools.gpu_check --fp32 FP32.json --bench BENCH.json --json SUMMARY.json
+    python scripts/gpu_check.py --fp32 FP32.json --bench BENCH.json --json SUMMARY.json
 
 Checks (exit 1 when one fails, so the script's exit status is the answer):
 
@@ -104,7 +104,7 @@ def summarize(fp32: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vllm_lookahead.devtools.gpu_check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fp32", type=Path, required=True, help="bench JSON of the float32 exactness run")
     ap.add_argument("--bench", type=Path, required=True, help="bench JSON of the bfloat16 speed run")

@@ -16,7 +16,6 @@ collector, it also runs a *metrics* pipeline here: the same OTLP receiver feeds 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import subprocess
@@ -27,8 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .kafka_broker import free_port
 from .paths import tool
+from .process import free_port, log_tail, spawn, stop_process_group
 
 _CONFIG = """\
 service:
@@ -112,15 +111,12 @@ class JaegerServer:
         binary = tool("jaeger")
         config = self.workdir / "jaeger.yaml"
         config.write_text(_CONFIG.format(**self.ports))
-        self._log = open(self.workdir / "jaeger.log", "ab")  # noqa: SIM115 (kept open for the process)
-        self.proc = subprocess.Popen([str(binary), "--config", str(config)], stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = spawn([str(binary), "--config", str(config)], self.workdir / "jaeger.log")
         self.wait_ready(timeout)
         return self
 
     def log_tail(self, n: int = 30) -> str:
-        path = self.workdir / "jaeger.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
+        return log_tail(self.workdir / "jaeger.log", n)
 
     def wait_ready(self, timeout: float) -> None:
         """Block until the health check says OK and the query API answers."""
@@ -171,17 +167,9 @@ class JaegerServer:
         raise TimeoutError(f"trace {trace_id} not in jaeger after {timeout:.0f} s (last: {trace})")
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            stop_process_group(self.proc, timeout)
         self.proc = None
-        with contextlib.suppress(Exception):
-            self._log.close()
 
     def close(self) -> None:
         self.stop()
