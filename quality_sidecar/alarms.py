@@ -80,11 +80,12 @@ CATALOGUE: dict[str, AlarmText] = {
         "per `ert_each` give-ups"),
     "impossible_tokens": AlarmText(
         "outputs hold tokens the request's sampler could not have drawn (outside its "
-        "top-p / top-k / min-p cut or the vocabulary at T>0; an EOS or stop token inside min_tokens at any T)",
+        "top-p / top-k / min-p cut or the vocabulary at T>0; at any T: an EOS or stop token inside min_tokens, "
+        "a token outside allowed_token_ids, a completed bad word)",
         "the decoder ignores a sampling parameter: roll the candidate back; detail.reasons "
         "names the parameter; on the baseline arm the scorer and the serving engine differ",
-        "`detail.reasons`: top_p, top_k, min_p, vocab, min_tokens; on the baseline arm: another model, dtype or "
-        "tokenizer"),
+        "`detail.reasons`: top_p, top_k, min_p, vocab, min_tokens, allowed_token_ids, bad_words; on the baseline "
+        "arm: another model, dtype or tokenizer"),
     OTHER: AlarmText(
         "baseline and candidate distributions differ", "compare the arms on the example requests",
         "the arms' latest windows differ on that metric (length, finish_reason, a classifier's rate, "

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -263,6 +264,12 @@ def unscorable_reason(sampling: dict[str, Any]) -> str | None:
     if any(sampling.get(k) for k in ("frequency_penalty", "presence_penalty")) \
             or sampling.get("repetition_penalty") not in (None, 1, 1.0):
         return "penalties"
+    # Schema 1.6 names these two (their outputs still get the exact checks, ``exact_checks``); older
+    # samples and the other modifiers (logit bias, logits processors) say only ``logits_modified``.
+    if sampling.get("allowed_token_ids") or sampling.get("allowed_token_ids_count"):
+        return "allowed_token_ids"
+    if sampling.get("bad_words_token_ids") or sampling.get("bad_words"):
+        return "bad_words"
     return "logits_modified"
 
 
@@ -338,8 +345,9 @@ class ScoringWorker(PairWorker):
     """Background scorer: ``submit(sample)`` (non-blocking) -> ``on_result(sample, SequenceScore)``.
 
     Counts (``counts``): ``submitted``, ``done`` (scored), ``failed``, ``retries`` and
-    ``skipped_<reason>`` (``scorable``); ``failures`` per (arm, reason).  Greedy samples are not
-    eligible and not counted.
+    ``skipped_<reason>`` (``scorable``); ``skips`` counts the skipped samples per (model, arm, reason),
+    as the replay worker does, so that a decoder whose traffic hides from the scorer shows on its own
+    arm; ``failures`` per (arm, reason).  Greedy samples are not eligible and not counted.
     """
 
     thread_name = "conformance-scorer"
@@ -348,10 +356,13 @@ class ScoringWorker(PairWorker):
                  cfg: ConformanceConfig, seed: int = 0):
         self.client, self.on_result, self.cfg = client, on_result, cfg
         self.np_rng = np.random.default_rng(seed)
+        self.skips: Counter[tuple[str, str, str]] = Counter()
         super().__init__(cfg.fraction, cfg.max_queue, seed)
 
     def prepare(self, sample: dict[str, Any]) -> Any:
         params = scorable(sample)
+        if isinstance(params, str):
+            self.skips[(str(sample.get("model")), str((sample.get("deployment") or {}).get("arm")), params)] += 1
         return params if params is None or isinstance(params, str) else (sample, params)
 
     def handle(self, item: tuple[dict[str, Any], SamplerParams]) -> None:

@@ -27,6 +27,7 @@ from .config import ServiceConfig
 from .conformance_monitor import ConformanceMonitor
 from .detectors.conformance_scoring import min_tokens_check
 from .detectors.embedders import make_embedder
+from .detectors.exact_checks import exact_checks
 from .detectors.repeats import repeat_keys
 from .features import Features, extract
 from .monitor import UNSCORED, Alarm
@@ -197,7 +198,7 @@ class Pipeline:
         with self._lock:
             for i, smp in enumerate(samples):
                 alarms += guarded("repeated_samples", [i], self._add_repeat, smp)
-                alarms += guarded("impossible_tokens", [i], self._check_min_tokens, smp)
+                alarms += guarded("impossible_tokens", [i], self._check_exact, smp)
             groups: dict[tuple[str, str], list[int]] = {}
             for i, f in enumerate(feats):
                 if i not in dead:
@@ -227,18 +228,28 @@ class Pipeline:
         return [Alarm("repeated_samples", model, r.extra["arm"], r, [smp["trace_id"]] if smp.get("trace_id") else [],
                       [smp["request_id"]])]
 
-    def _check_min_tokens(self, smp: dict[str, Any]) -> list[Alarm]:
-        """An EOS / stop token inside ``min_tokens`` is an impossible token (``min_tokens_check``), at any
-        temperature: counted on the model's impossible-token chart with reason ``min_tokens``."""
+    def _check_exact(self, smp: dict[str, Any]) -> list[Alarm]:
+        """The exact checks, at any temperature: an EOS / stop token inside ``min_tokens``
+        (``min_tokens_check``), a token outside ``allowed_token_ids`` or one that completes a bad word
+        (``exact_checks``) is an impossible token, counted on the model's impossible-token chart under
+        the check's name, the sample's output positions as its exposure (once, whatever the number of
+        checks).  A check the sample's record cannot support is counted per (model, arm, check, reason)."""
+        done, skipped = exact_checks(smp)
         got = min_tokens_check(smp)
-        if got is None:
-            return []
-        checked, bad = got
+        if got is not None:
+            done["min_tokens"] = got
         model, arm = smp["model"], smp["deployment"]["arm"]
+        for check, why in skipped.items():
+            self.metrics.exact_check_skipped.labels(model, arm, check, why).inc()
+        if not done:
+            return []
         mon = self.charts.conformance_monitor(model)
-        r = mon.add_impossible(arm, checked, {"min_tokens": bad}, smp.get("trace_id"), smp["request_id"])
-        if bad:
-            self.metrics.impossible.labels(model, arm, "min_tokens").inc(bad)
+        reasons = {check: bad for check, (_n, bad) in done.items()}
+        checked = max(n for n, _bad in done.values())
+        r = mon.add_impossible(arm, checked, reasons, smp.get("trace_id"), smp["request_id"])
+        for check, bad in reasons.items():
+            if bad:
+                self.metrics.impossible.labels(model, arm, check).inc(bad)
         return self._impossible_alarms(mon, model, arm, r)
 
     def track(self, worker: str, sample: dict[str, Any], where: tuple[str, int, int]) -> None:

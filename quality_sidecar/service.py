@@ -321,8 +321,7 @@ class Service:
         self.pipeline.refresh_gauges()
         # Counters follow the workers' own counts (the workers never touch metrics).
         if self.scorer is not None:
-            self._export_counts("scorer", self.scorer.counts, self.metrics.conformance_skipped,
-                                lambda k: k.startswith("skipped_"), lambda k: (k.removeprefix("skipped_"),))
+            self._export_counts("scorer-skips", self.scorer.skips, self.metrics.conformance_skipped, bool, lambda k: k)
         if self.replay is not None:
             self._export_counts("replay", self.replay.counts, self.metrics.replay_samples, lambda k: k != "submitted")
             self._export_counts("replay-skips", self.replay.skips, self.metrics.replay_skipped, bool, lambda k: k)

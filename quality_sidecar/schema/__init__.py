@@ -12,8 +12,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-SCHEMA_VERSION = "1.5"  # 1.1: optional output.stop_reason, output.index, vllm_request_id; 1.2: sampling.min_tokens;
-# 1.3: spec.draft_mask; 1.4: decoder.dtype; 1.5: decoder.seeded_exact
+SCHEMA_VERSION = "1.6"  # 1.1: optional output.stop_reason, output.index, vllm_request_id; 1.2: sampling.min_tokens;
+# 1.3: spec.draft_mask; 1.4: decoder.dtype; 1.5: decoder.seeded_exact; 1.6: sampling.allowed_token_ids(_count,
+# _sha256), bad_words_token_ids, bad_words
 SCHEMA_FILE = "sample.v1.schema.json"
 
 

@@ -79,8 +79,15 @@ class Metrics:
         self.conformance_tokens = Counter("quality_sidecar_conformance_scored_tokens",
                                           "Output tokens of the scored T>0 samples", ["model", "arm"], registry=r)
         self.conformance_skipped = Counter("quality_sidecar_conformance_skipped_samples",
-                                           "T>0 samples that cannot be judged (aborted, min_tokens, no token ids)",
-                                           ["reason"], registry=r)
+                                           "T>0 samples the scorer cannot judge, by model, arm and reason (aborted, "
+                                           "min_tokens, no_token_ids, penalties, allowed_token_ids, bad_words, "
+                                           "logits_modified, structured_output)",
+                                           ["model", "arm", "reason"], registry=r)
+        self.exact_check_skipped = Counter("quality_sidecar_exact_check_skipped_samples",
+                                           "Samples an exact check (allowed_token_ids, bad_words) cannot run on, by "
+                                           "reason: too_many_ids (only the set's hash recorded), not_tokenized (bad "
+                                           "words recorded as strings), not_recorded (schema < 1.6), no_token_ids",
+                                           ["model", "arm", "check", "reason"], registry=r)
         self.worker_failed = Counter("quality_sidecar_baseline_failed_samples",
                                      "Samples a baseline-server worker gave up, by reason: answers a retry "
                                      "cannot change (rejected, rejected_token_ids, bad_response, error); "
@@ -96,7 +103,8 @@ class Metrics:
                                     "Samples queued or in flight at a baseline-server worker", ["worker"], registry=r)
         self.impossible = Counter("quality_sidecar_impossible_tokens",
                                   "Sampled tokens outside the request's sampler support, by the parameter that "
-                                  "excludes them (top_p, top_k, min_p, vocab, min_tokens); 0 under exact sampling",
+                                  "excludes them (top_p, top_k, min_p, vocab, min_tokens, allowed_token_ids, "
+                                  "bad_words); 0 under exact sampling",
                                   ["model", "arm", "reason"], registry=r)
         self.replay_samples = Counter("quality_sidecar_replay_samples",
                                       "Greedy and seeded T>0 samples re-asked of the baseline server for exact match, "

@@ -158,6 +158,39 @@ def _scalar_params(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Most allowed_token_ids a sample lists (schema 1.6 ``maxItems``).  A larger set is recorded as its
+# count and sha256 only: the sidecar's check then skips the sample (counted) instead of shipping a
+# vocabulary-sized list in every sample of that client.
+MAX_ALLOWED_TOKEN_IDS = 4096
+
+
+def allowed_token_ids_fields(ids: Any) -> dict[str, Any]:
+    """Schema 1.6 ``sampling.allowed_token_ids`` (sorted, distinct; only up to ``MAX_ALLOWED_TOKEN_IDS``),
+    ``allowed_token_ids_count`` and ``allowed_token_ids_sha256`` (of the sorted ids as compact JSON)."""
+    distinct = sorted({int(t) for t in ids})
+    out: dict[str, Any] = {
+        "allowed_token_ids_count": len(distinct),
+        "allowed_token_ids_sha256": hashlib.sha256(json.dumps(distinct, separators=(",", ":")).encode()).hexdigest(),
+    }
+    if len(distinct) <= MAX_ALLOWED_TOKEN_IDS:
+        out["allowed_token_ids"] = distinct
+    return out
+
+
+def sampling_block(sampling: dict[str, Any]) -> dict[str, Any]:
+    """The sample's ``sampling`` object from the hook's dict, whose allowed_token_ids / bad words are
+    references to vLLM's lists (the request path copies nothing): copied, sorted, capped, hashed here."""
+    out = dict(sampling)
+    allowed = out.pop("allowed_token_ids", None)
+    if allowed:
+        out.update(allowed_token_ids_fields(allowed))
+    if out.get("bad_words_token_ids"):
+        out["bad_words_token_ids"] = [[int(t) for t in seq] for seq in out["bad_words_token_ids"]]
+    if out.get("bad_words"):
+        out["bad_words"] = [str(w) for w in out["bad_words"]]
+    return out
+
+
 def build_sample(req: FinishedRequest, *, arm: str, release: str | None, instance: str | None,
                  redact_prompts: bool) -> dict[str, Any]:
     """The schema-v1 sample for one finished request (validated by the caller)."""
@@ -187,7 +220,7 @@ def build_sample(req: FinishedRequest, *, arm: str, release: str | None, instanc
             "dtype": req.decoder.dtype,
             "seeded_exact": req.decoder.seeded_exact,
         },
-        "sampling": dict(req.sampling),
+        "sampling": sampling_block(req.sampling),
         "prompt": {
             "text": None if redact_prompts else req.prompt,
             "sha256": prompt_sha256(req.prompt, req.prompt_token_ids),

@@ -191,6 +191,18 @@ def sampling_dict(sp: Any) -> dict[str, Any]:
         out["repetition_penalty"] = sp.repetition_penalty
     if any(getattr(sp, k, None) for k in ("logit_bias", "allowed_token_ids", "bad_words", "logits_processors")):
         out["logits_modified"] = True
+    # The sidecar's exact checks (no token outside allowed_token_ids, no bad word in the output) need
+    # the sets themselves.  References only, on the request path: ``record.exact_check_fields`` sorts,
+    # caps and hashes them on the sampler thread.  The bad words' token ids are vLLM's own, built by
+    # its input processor (``SamplingParams.update_from_tokenizer``) before this hook runs; without a
+    # tokenizer there are none, and the strings are recorded instead (the sidecar does not guess).
+    if getattr(sp, "allowed_token_ids", None):
+        out["allowed_token_ids"] = sp.allowed_token_ids
+    bad_ids = getattr(sp, "bad_words_token_ids", None)
+    if bad_ids:
+        out["bad_words_token_ids"] = bad_ids
+    elif getattr(sp, "bad_words", None):
+        out["bad_words"] = sp.bad_words
     so = getattr(sp, "structured_outputs", None)
     if so is not None:
         fmt = {k: v for k, v in vars(so).items() if v not in (None, False) and not k.startswith("_")} \

@@ -1,0 +1,120 @@
+"""Exact hard checks: output tokens that vLLM's sampler masks, at any temperature, in any dtype.
+
+Why: the T>0 charts condition on the distribution the sampler should have used, and the scorer cannot
+rebuild a distribution changed by ``allowed_token_ids`` or ``bad_words`` (such samples are skipped), so a
+decoder that forgets one of these masks -- a verifier that accepts a drafted token without applying
+them -- would go unseen.  But both masks are hard rules, not probabilities: vLLM 0.32 sets the logit of
+every token outside ``allowed_token_ids``, and of a bad word's last token wherever the output's tail
+matches the rest of the word, to -inf before sampling, greedy or not, on the draft positions too
+(``RejectionSampler.apply_logits_processors``).  So an output that breaks one holds a token its sampler
+could not have drawn: an impossible token, counted without the baseline server and without statistics.
+Each check returns (output positions checked, impossible tokens), a reason it cannot run (counted by the
+sidecar: ``quality_sidecar_exact_check_skipped_samples``), or None when the request did not set the option.
+``min_tokens_check`` (the third such check) lives with the scorer in ``conformance_scoring``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# The checks of this module, by the reason their impossible tokens are counted under.
+EXACT_CHECKS = ("allowed_token_ids", "bad_words")
+# Samples older than this cannot say whether the request set allowed_token_ids or bad_words (schema 1.6
+# added them; before it only ``logits_modified`` told that *some* logit modifier was used).
+RECORDED_SINCE = (1, 6)
+
+CheckOutcome = tuple[int, int] | str | None
+
+
+def _version(sample: Mapping[str, Any]) -> tuple[int, int]:
+    major, _, minor = str(sample.get("schema_version") or "1.0").partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        return 1, 0
+
+
+def _output_ids(sample: Mapping[str, Any]) -> list[int] | str | None:
+    """The output's token ids; "no_token_ids" when it has tokens but not their ids; None when empty."""
+    out = sample.get("output") or {}
+    ids = out.get("token_ids")
+    if ids is None:
+        return "no_token_ids" if out.get("num_tokens") else None
+    return list(ids) or None
+
+
+def allowed_token_ids_check(sample: Mapping[str, Any]) -> CheckOutcome:
+    """Output tokens outside the request's ``allowed_token_ids`` (vLLM masks every other id).
+
+    Skipped (a reason) when the set was too large to record (``too_many_ids``: schema 1.6 keeps only its
+    count and sha256 above 4,096 ids) or the output has no token ids."""
+    s = sample.get("sampling") or {}
+    allowed = s.get("allowed_token_ids")
+    if not allowed:
+        return "too_many_ids" if s.get("allowed_token_ids_count") else None
+    ids = _output_ids(sample)
+    if ids is None or isinstance(ids, str):
+        return ids
+    ok = set(allowed)
+    return len(ids), sum(t not in ok for t in ids)
+
+
+def bad_word_hits(output: Sequence[int], bad_words_token_ids: Sequence[Sequence[int]]) -> int:
+    """Output positions whose token vLLM 0.32 would have banned (``_apply_bad_words_single_batch``).
+
+    At output position j, with the j output tokens before it as the past (the prompt is not part of
+    it), a sequence w of length L is applied when L <= j + 1: its last token is banned when the past's
+    last L - 1 tokens equal w[:-1] (a one-token w is banned everywhere).  So position j is a hit when
+    the output's tokens j - L + 1 .. j equal w: exactly the occurrences of a whole w inside the output.
+    A w's proper prefix, or a w that starts in the prompt, bans nothing and is never counted."""
+    by_last: dict[int, list[list[int]]] = {}
+    for w in bad_words_token_ids:
+        if w:
+            by_last.setdefault(int(w[-1]), []).append([int(t) for t in w[:-1]])
+    out = [int(t) for t in output]
+    hits = 0
+    for j, tok in enumerate(out):
+        for prefix in by_last.get(tok, ()):
+            n = len(prefix)
+            if n <= j and out[j - n:j] == prefix:
+                hits += 1
+                break
+    return hits
+
+
+def bad_words_check(sample: Mapping[str, Any]) -> CheckOutcome:
+    """Output tokens that complete one of the request's bad words (``bad_word_hits`` on the token-id
+    sequences vLLM built from them, as the producer recorded them).
+
+    Skipped (a reason) when only the strings were recorded (``not_tokenized``: vLLM had no tokenizer;
+    re-tokenizing here could differ from the serving tokenizer, so nothing is guessed) or the output has
+    no token ids."""
+    s = sample.get("sampling") or {}
+    seqs = s.get("bad_words_token_ids")
+    if not seqs:
+        return "not_tokenized" if s.get("bad_words") else None
+    ids = _output_ids(sample)
+    if ids is None or isinstance(ids, str):
+        return ids
+    return len(ids), bad_word_hits(ids, seqs)
+
+
+def exact_checks(sample: Mapping[str, Any]) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """({check: (positions checked, impossible tokens)}, {check: why it was skipped}) for the checks
+    of this module that apply to the sample.  A sample older than schema 1.6 whose request used a logit
+    modifier (``logits_modified``) may have set either option unrecorded: both are skipped as
+    ``not_recorded``."""
+    done: dict[str, tuple[int, int]] = {}
+    skipped: dict[str, str] = {}
+    if _version(sample) < RECORDED_SINCE:
+        if (sample.get("sampling") or {}).get("logits_modified"):
+            skipped = dict.fromkeys(EXACT_CHECKS, "not_recorded")
+        return done, skipped
+    for name, check in (("allowed_token_ids", allowed_token_ids_check), ("bad_words", bad_words_check)):
+        got = check(sample)
+        if isinstance(got, str):
+            skipped[name] = got
+        elif got is not None:
+            done[name] = got
+    return done, skipped
