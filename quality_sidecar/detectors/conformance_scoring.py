@@ -53,7 +53,7 @@ NEG_INF = -np.inf
 # Sampling options that change the distribution in ways prompt log-probs cannot replay: such samples
 # are not scored (``SamplerParams.from_sampling`` returns None).
 MODIFIERS = ("frequency_penalty", "presence_penalty", "logit_bias", "logits_modified", "allowed_token_ids",
-             "bad_words")
+             "allowed_token_ids_count", "bad_words", "bad_words_token_ids")
 # Why a token is impossible under the sampler, in the order vLLM 0.32 applies the filters.
 IMPOSSIBLE_REASONS = ("vocab", "min_p", "top_k", "top_p")
 # Log-probs from two engines (the serving one and the scorer) differ by float noise: ~1e-5 nats in

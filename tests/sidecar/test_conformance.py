@@ -262,6 +262,10 @@ def test_full_row_pit_is_the_pit_of_sampler_probs(params: SamplerParams) -> None
     ({"temperature": 0.8, "repetition_penalty": 1.2}, "penalties"),
     ({"temperature": 0.8, "logit_bias": {"5": 3}}, "logits_modified"),
     ({"temperature": 0.8, "logits_modified": True}, "logits_modified"),
+    ({"temperature": 0.8, "logits_modified": True, "allowed_token_ids": [3, 5]}, "allowed_token_ids"),
+    ({"temperature": 0.8, "allowed_token_ids_count": 5000}, "allowed_token_ids"),
+    ({"temperature": 0.8, "bad_words_token_ids": [[7, 8]]}, "bad_words"),
+    ({"temperature": 0.8, "logits_modified": True, "bad_words": ["foo"]}, "bad_words"),
     ({"temperature": 0.8, "response_format": {"type": "json_object"}}, "structured_output"),
     ({"temperature": 0.8, "top_p": 0.9}, "plain"),
 ])

@@ -11,6 +11,7 @@ import importlib.util
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from quality_sidecar.config import ServiceConfig
@@ -150,3 +151,42 @@ def test_checks_that_cannot_run_are_counted_per_model_arm_check_and_reason() -> 
     assert metric_sum(text, name, check="allowed_token_ids", reason="too_many_ids") == 1
     assert metric_sum(text, name, check="bad_words", reason="not_tokenized") == 1
     assert metric_sum(text, name) == 4
+
+
+def test_the_scorer_exports_what_it_cannot_score_per_model_arm_and_reason(tmp_path) -> None:
+    """``quality_sidecar_conformance_skipped_samples`` carries (model, arm, reason), as the replay's skips do:
+    a decoder whose T>0 traffic hides from the scorer shows on its own arm.  The samples the scorer judges go
+    to a toy baseline server (``toy_baseline``); the masked ones are also checked exactly (0 impossible)."""
+    from quality_sidecar.detectors.conformance_scoring import SamplerParams
+    from quality_sidecar.service import Service
+
+    from .conftest import run_and_scrape, write_jsonl
+    from .toy_baseline import ToyServer, sample
+
+    rng = np.random.default_rng(3)
+    params = SamplerParams(1.0, top_p=0.9)
+    samples = []
+    for i, (model, arm, change) in enumerate([
+            ("a", "candidate", {"allowed_token_ids": list(range(64))}), ("a", "candidate", {"bad_words_token_ids": [[99]]}),
+            ("a", "baseline", {"min_tokens": 4}), ("b", "candidate", {"logits_modified": True}),
+            ("b", "candidate", {}), ("a", "baseline", {})]):
+        s = sample(rng, params, n_tokens=12, arm=arm, model=model)
+        s["schema_version"] = "1.5"
+        s["sampling"].update(change)
+        samples.append(s)
+    toy = ToyServer()
+    try:
+        cfg = ServiceConfig.from_dict({
+            "source": f"file://{write_jsonl(tmp_path / 's.jsonl', samples)}", "progress": False,
+            "baseline_url": toy.url + "/v1", "replay_fraction": 0.0, "monitor": {"text_test": False},
+            "conformance": {"fraction": 1.0, "vocab_size": 64}})
+        text = run_and_scrape(Service(cfg, http_port=0))
+    finally:
+        toy.close()
+    name = "quality_sidecar_conformance_skipped_samples_total"
+    for model, arm, reason in (("a", "candidate", "allowed_token_ids"), ("a", "candidate", "bad_words"),
+                               ("a", "baseline", "min_tokens"), ("b", "candidate", "logits_modified")):
+        assert metric_sum(text, name, model=model, arm=arm, reason=reason) == 1, (model, arm, reason)
+    assert metric_sum(text, name) == 4
+    assert metric_sum(text, "quality_sidecar_conformance_scored_samples_total") == 2
+    assert metric_sum(text, "quality_sidecar_impossible_tokens_total") == 0

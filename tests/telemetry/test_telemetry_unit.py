@@ -111,6 +111,40 @@ def test_schema_1_1_fields_and_1_0_samples_stay_valid():
                         redact_prompts=False)["output"]["stop_reason"] is None
 
 
+def test_schema_1_5_records_the_masks_the_sidecar_checks_exactly():
+    """allowed_token_ids (sorted, distinct; above 4,096 ids only their count and hash) and vLLM's bad-word
+    token-id sequences, copied off the request path from the hook's references; wrong types are rejected."""
+    import hashlib
+
+    from quality_sidecar.validate import sample_errors
+    from vllm_lookahead.telemetry.record import MAX_ALLOWED_TOKEN_IDS
+
+    allowed, bad = [9, 3, 5, 3], [[7, 8], [12, 8]]  # vLLM's objects: the sample must not alias them
+    sampling = {"temperature": 0.7, "logits_modified": True, "allowed_token_ids": allowed, "bad_words_token_ids": bad}
+    s = build_sample(make_request(sampling=sampling), arm="candidate", release=None, instance=None,
+                     redact_prompts=False)
+    validate_sample(s)
+    assert sample_errors(s) == []
+    sp = s["sampling"]
+    assert sp["allowed_token_ids"] == [3, 5, 9] and sp["allowed_token_ids_count"] == 3
+    assert sp["allowed_token_ids_sha256"] == hashlib.sha256(b"[3,5,9]").hexdigest()
+    assert sp["bad_words_token_ids"] == bad and sp["bad_words_token_ids"] is not bad
+    assert sp["logits_modified"] is True  # what a sidecar older than 1.5 keys on
+    many = list(range(MAX_ALLOWED_TOKEN_IDS + 1))
+    s = build_sample(make_request(sampling={"temperature": 0.7, "allowed_token_ids": many, "bad_words": ["foo"]}),
+                     arm="candidate", release=None, instance=None, redact_prompts=False)
+    validate_sample(s)
+    assert "allowed_token_ids" not in s["sampling"] and s["sampling"]["allowed_token_ids_count"] == len(many)
+    assert s["sampling"]["bad_words"] == ["foo"]
+    for field, bad_value in (("allowed_token_ids", ["3"]), ("allowed_token_ids", [-1]), ("allowed_token_ids", []),
+                             ("allowed_token_ids", many), ("allowed_token_ids_count", 0),
+                             ("allowed_token_ids_sha256", "xyz"), ("bad_words_token_ids", [7, 8]),
+                             ("bad_words_token_ids", [[]]), ("bad_words_token_ids", [[1.5]]), ("bad_words", [3])):
+        wrong = {**s, "sampling": {**s["sampling"], field: bad_value}}
+        assert any(e.startswith(f"sampling/{field}") for e in validation_errors(wrong)), (field, bad_value)
+        assert sample_errors(wrong), (field, bad_value)
+
+
 def test_redaction_keeps_hash_drops_text():
     req = make_request()
     s = build_sample(req, arm="unknown", release=None, instance=None, redact_prompts=True)
