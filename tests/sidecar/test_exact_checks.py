@@ -166,10 +166,10 @@ def test_the_scorer_exports_what_it_cannot_score_per_model_arm_and_reason(tmp_pa
     rng = np.random.default_rng(3)
     params = SamplerParams(1.0, top_p=0.9)
     samples = []
-    for i, (model, arm, change) in enumerate([
+    for model, arm, change in [
             ("a", "candidate", {"allowed_token_ids": list(range(64))}), ("a", "candidate", {"bad_words_token_ids": [[99]]}),
             ("a", "baseline", {"min_tokens": 4}), ("b", "candidate", {"logits_modified": True}),
-            ("b", "candidate", {}), ("a", "baseline", {})]):
+            ("b", "candidate", {}), ("a", "baseline", {})]:
         s = sample(rng, params, n_tokens=12, arm=arm, model=model)
         s["schema_version"] = "1.5"
         s["sampling"].update(change)
