@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,13 +21,15 @@ import numpy as np
 import pytest
 import requests
 
-from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient, score_sample
+from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient, scorable, score_sample
 from quality_sidecar.detectors.conformance_scoring import (
     SamplerParams,
     min_tokens_check,
     score_topk,
 )
 from quality_sidecar.detectors.conformance_stats import pit_test
+from quality_sidecar.detectors.exact_checks import allowed_token_ids_check, bad_word_hits, bad_words_check
+from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.service import Service, ServiceConfig
 from quality_sidecar.workers import WorkFailed
 from tests.support.vllm_server import VllmServer
@@ -41,9 +46,15 @@ def server(demo_model: Path, tmp_path_factory) -> Iterator[VllmServer]:
     # processed_logprobs: a generated token's log-probs are those of the distribution its sampler drew
     # from (-inf outside top-k: the -9999 test below).  Prompt log-probs, all the scorer reads, stay
     # raw in every mode (vLLM: prompt tokens skip the sampling processors), so nothing else changes.
-    srv = VllmServer(str(demo_model), env={}, workdir=str(tmp_path_factory.mktemp("serve")),
+    # The plugin's telemetry samples every request to a file (no OTLP): the exact-check test reads what the
+    # producer recorded of the masks vLLM applied.  Nothing else here reads the samples.
+    workdir = tmp_path_factory.mktemp("serve")
+    telemetry = {"VLLM_LOOKAHEAD_TELEMETRY": "1", "VLLM_LOOKAHEAD_OTEL": "0", "VLLM_LOOKAHEAD_SAMPLE_RATE": "1",
+                 "VLLM_LOOKAHEAD_SAMPLE_SINK": f"file://{workdir / 'samples.jsonl'}"}
+    srv = VllmServer(str(demo_model), env=telemetry, workdir=str(workdir),
                      args=["--served-model-name", "demo", "--max-model-len", "768", "--enforce-eager",
                            "--dtype", "float32", "--seed", "0", "--logprobs-mode", "processed_logprobs"])
+    srv.samples_path = workdir / "samples.jsonl"
     try:
         yield srv.start()
     finally:
@@ -181,6 +192,61 @@ def test_a_real_server_keeps_min_tokens_and_ends_token_ids_with_the_eos(server, 
     checks = [min_tokens_check({"sampling": {"min_tokens": m}, "output": {**c, "num_tokens": len(c["token_ids"])}})
               for c in r.json()["choices"]]
     assert all(c is not None and c[1] == 0 for c in checks)
+
+
+def _recorded(server: VllmServer, key: str, n: int, timeout_s: float = 60.0) -> list[dict]:
+    """The telemetry samples whose ``sampling`` holds ``key``, once ``n`` of them are in the file (the sink
+    writes when its queue goes idle)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = server.samples_path.read_text().splitlines() if server.samples_path.exists() else []
+        got = [s for s in map(json.loads, lines) if s["sampling"].get(key)]
+        if len(got) >= n or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
+
+
+def test_a_real_server_keeps_bad_words_and_allowed_token_ids_and_the_exact_checks_find_nothing(server) -> None:
+    """The premise of the exact ``bad_words`` / ``allowed_token_ids`` checks: a real ``vllm-lookahead serve``
+    server at T=1 never emits a bad word's token sequence (as vLLM tokenized it, recorded by the plugin's
+    telemetry from ``SamplingParams.bad_words_token_ids``) nor a token outside ``allowed_token_ids``, so the
+    checks find 0 impossible tokens on its outputs -- while the same prompts without the masks do hold those
+    sequences and tokens (the masks were exercised, the checks would have seen them)."""
+    prompts = load_heldout_prompts(16, "open", seed=13, max_chars=600)
+    free = _generate(server, prompts, 1.0, n=4)
+    words = Counter(w for c in free for w in re.findall(r"[A-Za-z_]{3,}", c["text"]))
+    bad_words = [w for w, _n in words.most_common(3)]
+    counts = Counter(t for c in free for t in c["token_ids"])
+    banned = {t for t, _n in counts.most_common(8)}
+    allowed = sorted(set(counts) - banned)
+    asked = []
+    for extra in ({"bad_words": bad_words}, {"allowed_token_ids": allowed}):
+        body = {"model": "demo", "prompt": prompts, "max_tokens": 32, "temperature": 1.0, "n": 4,
+                "return_token_ids": True, **extra}
+        r = requests.post(server.url + "/v1/completions", json=body, timeout=300)
+        r.raise_for_status()
+        asked.append(r.json()["choices"])
+    n = len(prompts) * 4
+    by_words, by_allowed = _recorded(server, "bad_words_token_ids", n), _recorded(server, "allowed_token_ids", n)
+    assert len(by_words) == n and len(by_allowed) == n
+    seqs = by_words[0]["sampling"]["bad_words_token_ids"]
+    assert all(s["sampling"]["bad_words_token_ids"] == seqs and s["schema_version"] == "1.5" for s in by_words)
+    assert len(seqs) >= len(bad_words)  # each word, plus its leading-space form where that tokenizes differently
+    sp = by_allowed[0]["sampling"]
+    assert sp["allowed_token_ids"] == allowed and sp["allowed_token_ids_count"] == len(allowed)
+    # the masks were exercised: unmasked, the same prompts hold the bad words and the banned tokens
+    assert sum(bad_word_hits(c["token_ids"], seqs) for c in free) >= 10
+    assert sum(t in banned for c in free for t in c["token_ids"]) >= 10
+    # the server's own outputs (response and recorded samples) pass both checks
+    assert sum(bad_word_hits(c["token_ids"], seqs) for c in asked[0]) == 0
+    assert all(t in set(allowed) for c in asked[1] for t in c["token_ids"])
+    assert all(bad_words_check(s) == (len(s["output"]["token_ids"]), 0) for s in by_words)
+    assert all(allowed_token_ids_check(s) == (len(s["output"]["token_ids"]), 0) for s in by_allowed)
+    assert {scorable(s) for s in by_words} == {"bad_words"} and {scorable(s) for s in by_allowed} == {"allowed_token_ids"}
+    pipe = Pipeline(ServiceConfig.from_dict({"monitor": {"text_test": False}}))
+    pipe.process(by_words + by_allowed)
+    st = pipe.charts.conformance["demo"].impossible.arms["unknown"]
+    assert st["impossible"] == 0 and st["tokens"] == sum(len(s["output"]["token_ids"]) for s in by_words + by_allowed)
 
 
 def test_sidecar_alarms_on_the_sharper_sampler_only(server, streams, tmp_path: Path) -> None:
