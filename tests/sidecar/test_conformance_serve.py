@@ -21,14 +21,23 @@ import numpy as np
 import pytest
 import requests
 
-from quality_sidecar.baseline_scoring import ConformanceConfig, LogprobClient, scorable, score_sample
+from quality_sidecar.baseline_scoring import (
+    ConformanceConfig,
+    LogprobClient,
+    scorable,
+    score_sample,
+)
 from quality_sidecar.detectors.conformance_scoring import (
     SamplerParams,
     min_tokens_check,
     score_topk,
 )
 from quality_sidecar.detectors.conformance_stats import pit_test
-from quality_sidecar.detectors.exact_checks import allowed_token_ids_check, bad_word_hits, bad_words_check
+from quality_sidecar.detectors.exact_checks import (
+    allowed_token_ids_check,
+    bad_word_hits,
+    bad_words_check,
+)
 from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.service import Service, ServiceConfig
 from quality_sidecar.workers import WorkFailed
