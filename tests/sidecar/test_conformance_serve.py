@@ -39,6 +39,7 @@ from quality_sidecar.detectors.exact_checks import (
     bad_words_check,
 )
 from quality_sidecar.pipeline import Pipeline
+from quality_sidecar.schema import SCHEMA_VERSION
 from quality_sidecar.service import Service, ServiceConfig
 from quality_sidecar.workers import WorkFailed
 from tests.support.vllm_server import VllmServer
@@ -239,7 +240,7 @@ def test_a_real_server_keeps_bad_words_and_allowed_token_ids_and_the_exact_check
     by_words, by_allowed = _recorded(server, "bad_words_token_ids", n), _recorded(server, "allowed_token_ids", n)
     assert len(by_words) == n and len(by_allowed) == n
     seqs = by_words[0]["sampling"]["bad_words_token_ids"]
-    assert all(s["sampling"]["bad_words_token_ids"] == seqs and s["schema_version"] == "1.5" for s in by_words)
+    assert all(s["sampling"]["bad_words_token_ids"] == seqs and s["schema_version"] == SCHEMA_VERSION for s in by_words)
     assert len(seqs) >= len(bad_words)  # each word, plus its leading-space form where that tokenizes differently
     sp = by_allowed[0]["sampling"]
     assert sp["allowed_token_ids"] == allowed and sp["allowed_token_ids_count"] == len(allowed)

@@ -171,7 +171,7 @@ def test_the_scorer_exports_what_it_cannot_score_per_model_arm_and_reason(tmp_pa
             ("a", "baseline", {"min_tokens": 4}), ("b", "candidate", {"logits_modified": True}),
             ("b", "candidate", {}), ("a", "baseline", {})]:
         s = sample(rng, params, n_tokens=12, arm=arm, model=model)
-        s["schema_version"] = "1.5"
+        s["schema_version"] = "1.6"
         s["sampling"].update(change)
         samples.append(s)
     toy = ToyServer()

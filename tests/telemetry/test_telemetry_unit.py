@@ -100,7 +100,7 @@ def test_schema_1_1_fields_and_1_0_samples_stay_valid():
     req = make_request("llm-00ff-3#1", stop_reason="\n", engine_request_id="3#1", choice_index=1)
     s = build_sample(req, arm="baseline", release=None, instance=None, redact_prompts=False)
     validate_sample(s)
-    assert s["schema_version"] == "1.5" and s["vllm_request_id"] == "3#1"
+    assert s["schema_version"] == "1.6" and s["vllm_request_id"] == "3#1"
     assert s["output"]["stop_reason"] == "\n" and s["output"]["index"] == 1
     assert req.decision_id == "3#1"
     s = build_sample(make_request(stop_reason=2), arm="baseline", release=None, instance=None,
@@ -111,7 +111,7 @@ def test_schema_1_1_fields_and_1_0_samples_stay_valid():
                         redact_prompts=False)["output"]["stop_reason"] is None
 
 
-def test_schema_1_5_records_the_masks_the_sidecar_checks_exactly():
+def test_schema_1_6_records_the_masks_the_sidecar_checks_exactly():
     """allowed_token_ids (sorted, distinct; above 4,096 ids only their count and hash) and vLLM's bad-word
     token-id sequences, copied off the request path from the hook's references; wrong types are rejected."""
     import hashlib
@@ -129,7 +129,7 @@ def test_schema_1_5_records_the_masks_the_sidecar_checks_exactly():
     assert sp["allowed_token_ids"] == [3, 5, 9] and sp["allowed_token_ids_count"] == 3
     assert sp["allowed_token_ids_sha256"] == hashlib.sha256(b"[3,5,9]").hexdigest()
     assert sp["bad_words_token_ids"] == bad and sp["bad_words_token_ids"] is not bad
-    assert sp["logits_modified"] is True  # what a sidecar older than 1.5 keys on
+    assert sp["logits_modified"] is True  # what a sidecar older than 1.6 keys on
     many = list(range(MAX_ALLOWED_TOKEN_IDS + 1))
     s = build_sample(make_request(sampling={"temperature": 0.7, "allowed_token_ids": many, "bad_words": ["foo"]}),
                      arm="candidate", release=None, instance=None, redact_prompts=False)
