@@ -146,8 +146,6 @@ DECLARING_MODULES = (
     "vllm_lookahead.vllm.runner_patch",
     "vllm_lookahead.vllm.plain_steps",
     "vllm_lookahead.vllm.draft_reply",
-    "vllm_lookahead.experimental.lade2d",
-    "vllm_lookahead.experimental.flex_mask",
     "vllm_lookahead.vllm.prompt_scores",
     "vllm_lookahead.vllm.fixes",
     "vllm_lookahead.vllm.sampling_cover",
@@ -163,8 +161,12 @@ TEST_ONLY_MODULES = ("vllm_lookahead.vllm.fault_patches",)  # left out of the wh
 
 
 def load_all() -> dict[str, Patch]:
-    """Import every declaring module (declaring applies nothing) and return the full registry."""
-    for module in DECLARING_MODULES:
+    """Import every declaring module, the opt-in extensions' too (``vllm_lookahead.extensions``;
+    declaring applies nothing), and return the full registry."""
+    from vllm_lookahead.extensions import PACKAGES
+
+    extensions = tuple(m for p in PACKAGES for m in importlib.import_module(p).PATCH_MODULES)
+    for module in DECLARING_MODULES + extensions:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
