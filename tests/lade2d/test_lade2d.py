@@ -1,6 +1,6 @@
 """LADE's 2D layout inside real vLLM (CPU, trained demo model, float32): exact, really 2D, really LADE.
 
-* Greedy outputs with ``layout=2d`` equal ``none`` token for token at batch 1, 8 and 32 (the 2D path
+* Greedy outputs with ``Lade2DProposer`` equal ``none`` token for token at batch 1, 8 and 32 (the 2D path
   forced on at every batch size), and the path demonstrably ran: 2D steps, later candidates winning
   (so the KV fix-up ran) -- and with the fix-up switched off the same comparison fails, which shows
   the test can see a wrong KV cache.

@@ -5,7 +5,7 @@ It is the chain proposer plus three steps of its own around it (``lade_steps.Lad
 vLLM's sampler it captures the 2D requests' argmax rows, after it the multi-candidate verifier rewrites
 their rows (``finish_verification``, called by ``runner_patch``), and after the chain drafts it replaces
 an eligible request's draft by its 2D step's rows.  A measured arbiter per batch size picks 2D, the
-chain or no drafts for each step (``lade.policy``).  Its steps are verified by vLLM's rejection sampler
+chain or no drafts for each step (``policy``).  Its steps are verified by vLLM's rejection sampler
 and then its own verifier, never by the chain's argmax or coupled verdicts (``verifies_steps``).
 """
 
