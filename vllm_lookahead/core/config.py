@@ -3,8 +3,7 @@ or the ``VLLM_LOOKAHEAD_CONFIG`` JSON environment variable).  Bad values raise `
 naming the key, the value and the allowed range, so a typo fails at engine start, not mid-request; an
 unknown key (a typo, or a key of an unreleased draft of this config) fails listing the known ones, and a
 key that moved to an opt-in extension's own section (``vllm_lookahead.extensions.MOVED_KEYS``) fails
-naming where it went.  The validation helpers (``check_fields``, ``floats``, ``schema``) serve those
-sections too."""
+naming where it went.  The validation helpers (``check_fields``, ``floats``) serve those sections too."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ class LookaheadConfigError(ValueError):
     pass
 
 
-# Ranges and choices, declared once: ``__post_init__`` enforces them, the per-request
-# ``extra_args["lookahead"]`` reader clamps to them, and the Helm chart's values.schema.json
+# Ranges and choices, declared once: ``__post_init__`` enforces them, and the Helm chart's values.schema.json
 # ``lookahead`` subtree is generated from them (deploy/scripts/gen_lookahead_schema.py; a test fails on
 # drift).  (lo, hi): inclusive; hi None = unbounded.  Keys not listed here have no range.
 LIMITS: dict[str, tuple[float, float | None]] = {
@@ -36,6 +34,7 @@ K_LIMITS = (1, 128)
 """num_speculative_tokens: vLLM's MAX_SPEC_LEN bounds a step's draft rows."""
 BUSY_FLOOR_BY_K = ((4, 0.05), (8, 0.15))
 """(k, floor) points of the default busy floor (``LookaheadConfig.busy_floor``)."""
+
 
 def _field_type(f: dataclasses.Field) -> tuple[str, bool]:
     """A config field's type as (base type name, whether None is allowed): ``"float | None"`` ->
@@ -192,7 +191,7 @@ class LookaheadConfig:
         return {k: v for k, v in self.as_dict().items() if v != getattr(default, k)}
 
 
-def schema(cls: type, limits: dict[str, tuple[float, float | None]],
+def _schema(cls: type, limits: dict[str, tuple[float, float | None]],
            choices: dict[str, tuple[str, ...]]) -> dict[str, Any]:
     """JSON schema of a config dataclass: types, ranges, choices, defaults; no unknown keys."""
     props: dict[str, Any] = {}
@@ -216,4 +215,4 @@ def schema(cls: type, limits: dict[str, tuple[float, float | None]],
 def json_schema() -> dict[str, Any]:
     """JSON schema of a ``lookahead`` config dict (types, ranges, choices, defaults; no unknown keys),
     generated from the dataclasses and ``LIMITS``/``CHOICES`` -- the chart's schema embeds it."""
-    return schema(LookaheadConfig, LIMITS, CHOICES)
+    return _schema(LookaheadConfig, LIMITS, CHOICES)
