@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/lade_oracle.py --prompts open copy --n 30 --max-tokens 96 \\
         --config 7,4,7 --json benchmarks/results/lade_oracle_w7n4g7.json
 
-The project's reference (``vllm_lookahead.reference``) shares its pool, layout and verifier with the
+The project's reference (``vllm_lookahead.lade2d.reference``) shares its pool, layout and verifier with the
 vLLM 2D path, so agreement between those two checks the wiring, not fidelity to LADE.  This script
 runs the original code (``benchmarks/lade_oracle_worker.py`` in the oracle venv, token ids in, token
 ids out) and, in this venv, the reference in several variants that switch its deviations from LADE
@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from vllm_lookahead.lade2d.reference import greedy_generate, load_model
+from vllm_lookahead.lade2d.reference.bench import LadeConfig, lade_results, model_eos
 from vllm_lookahead.prompts import load_heldout_prompts
-from vllm_lookahead.reference import greedy_generate, load_model
-from vllm_lookahead.reference.bench import LadeConfig, lade_results, model_eos
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "benchmarks" / "lade_oracle_worker.py"

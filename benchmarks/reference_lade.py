@@ -25,9 +25,9 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from vllm_lookahead.lade2d.reference import load_model
+from vllm_lookahead.lade2d.reference.bench import LadeConfig, model_eos, run_prompt_set
 from vllm_lookahead.prompts import load_heldout_prompts, read_prompts_jsonl
-from vllm_lookahead.reference import load_model
-from vllm_lookahead.reference.bench import LadeConfig, model_eos, run_prompt_set
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -61,7 +61,7 @@ else
   fi
   N=64; TOKENS=128; BATCHES="1,8,32"; REPEATS=3; LIMIT=180  # step 1: 3 min, step 2: 4.5 min
   ISO=()                     # every method in a fresh process (the bench default)
-  ATTN=(--attention-backend FLEX_ATTENTION)  # the 2D layout's CUDA path (experimental/flex_mask.py)
+  ATTN=(--attention-backend FLEX_ATTENTION)  # the 2D layout's CUDA path (lade2d/flex_mask.py)
   PREFIX="gpu_check"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi

@@ -105,7 +105,7 @@ step_promtool() {
   echo "$key" > "$BIN/.promtool.stamp"
 }
 
-step_lade_oracle() {  # hao-ai-lab's lade 0.0.2 in its own venv (tests/reference/test_lade_oracle.py)
+step_lade_oracle() {  # hao-ai-lab's lade 0.0.2 in its own venv (tests/lade2d/reference/test_lade_oracle.py)
   bash "$ROOT/scripts/setup_lade_oracle.sh" >/dev/null
 }
 

@@ -7,6 +7,7 @@ tool is an error with the fix in the message, never a silent skip.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,3 +57,18 @@ def demo_model() -> Path:
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} missing: it is committed; run models/train_demo_model.py to rebuild it")
     return path
+
+
+@pytest.fixture(scope="session")
+def engine_factory(demo_model):
+    """Build an in-process engine for a decoder spec string; the caller deletes it."""
+    from vllm_lookahead.decoders import parse_spec
+    from vllm_lookahead.engine import make_llm
+
+    def make(spec: str, **kw):
+        kw.setdefault("max_model_len", 1024)
+        kw.setdefault("max_num_seqs", 32)
+        return make_llm(str(demo_model), parse_spec(spec), **kw)
+
+    yield make
+    gc.collect()

@@ -113,16 +113,17 @@ def test_bench_end_to_end_writes_json_and_plot(tmp_path, batching, interleave, i
 
 
 def test_w_n_g_mean_the_2d_shape_in_every_spec_and_the_config():
-    """One meaning: `lookahead2d:W=2,...` and {"lade": {"W": 2}} set the 2D section's window; at the top
-    level W/N/G are unknown keys."""
-    from vllm_lookahead.core.config import LookaheadConfig
-    from vllm_lookahead.decoders import SpecError, parse_spec
+    """One meaning: `lookahead2d:W=2,...` and {"W": 2} in the lookahead2d section set the 2D window; in
+    the lookahead section W/N/G are unknown keys."""
+    from vllm_lookahead.decoders import LADE2D_CLASS, SpecError, parse_spec
+    from vllm_lookahead.lade2d.config import Lade2DConfig
 
     twod = parse_spec("lookahead2d:W=2,N=4,G=3", check_import=False)
-    cfg = LookaheadConfig.from_dict(twod.engine_kwargs()["additional_config"]["lookahead"])
-    assert (cfg.lade.window, cfg.lade.ngram, cfg.lade.candidates) == (2, 4, 3)
-    assert LookaheadConfig.from_dict({"lade": {"W": 2, "N": 4, "G": 3}}).overrides() == {
-        "lade.window": 2, "lade.ngram": 4, "lade.candidates": 3}
+    kwargs = twod.engine_kwargs()
+    assert kwargs["speculative_config"]["model"] == LADE2D_CLASS and "lookahead" not in kwargs["additional_config"]
+    cfg = Lade2DConfig.from_sources(kwargs["additional_config"])
+    assert (cfg.window, cfg.ngram, cfg.candidates) == (2, 4, 3)
+    assert Lade2DConfig.from_dict({"W": 2, "N": 4, "G": 3}).overrides() == {"window": 2, "ngram": 4, "candidates": 3}
     with pytest.raises(SpecError, match=r"unknown key\(s\) \['W'\]"):
         parse_spec("lookahead:k=4,W=2", check_import=False)
 
@@ -135,8 +136,8 @@ def test_telemetry_reports_the_validated_config():
 
     spec = SimpleNamespace(method="custom_class", model="vllm_lookahead.LookaheadProposer", num_speculative_tokens=4)
     ok = SimpleNamespace(speculative_config=spec,
-                         additional_config={"lookahead": {"lade": {"W": 2, "ngram": 3}, "memory_depth": 4}})
-    assert describe_decoder(ok).params == {"k": 4, "lade.window": 2, "memory_depth": 4}
+                         additional_config={"lookahead": {"chain_min_p": 0, "memory_depth": 4}})
+    assert describe_decoder(ok).params == {"k": 4, "chain_min_p": 0.0, "memory_depth": 4}
     bad = SimpleNamespace(speculative_config=spec, additional_config={"lookahead": {"memory_depth": 99}})
     assert "memory_depth=99 is invalid" in describe_decoder(bad).params["invalid_config"]
     # the serving dtype (schema 1.4 decoder.dtype), as vLLM's model config holds it: a torch dtype

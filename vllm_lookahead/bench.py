@@ -152,7 +152,7 @@ class _Measured:
         """``llm.generate`` on ``prompts`` (in calls of ``static_chunk`` prompts with static batching),
         timed; the process-wide proposer profile and 2D counters are reset before and read after.
         ``sp``: one SamplingParams for all, or a list aligned with ``prompts`` (per-request seeds)."""
-        from vllm_lookahead.experimental import lade2d
+        from vllm_lookahead.lade2d import hooks as lade2d
         from vllm_lookahead.vllm import proposer as proposer_mod
 
         prof, counters = proposer_mod.PROFILE, lade2d.COUNTERS
@@ -403,7 +403,7 @@ def _compression(outs) -> float:
 def reference_compression(model: str, prompts: list[str], args) -> list[dict[str, Any]] | None:
     """Compression of the HF full-LADE reference for each ``--reference-config`` W,N,G."""
     try:
-        from vllm_lookahead.reference import lade_generate, load_model
+        from vllm_lookahead.lade2d.reference import lade_generate, load_model
     except ImportError as e:
         print(f"[bench] reference decoder unavailable: {e}", file=sys.stderr)
         return None

@@ -14,11 +14,11 @@ One short string per decoder keeps the command line readable and the report self
                                                vllm_lookahead.LookaheadProposer (CONTRACTS.md); keys
                                                and ranges are the proposer's (core.LookaheadConfig)
     lookahead2d:W=5,N=3,G=5[,k=,max_batch=1,chain_k=4,policy=measure,context=0]
-                                               the same proposer with LADE's experimental 2D layout
-                                               (layout=2d, keys of its "lade" section); k defaults to
-                                               (N-1)(W+G)-1, chain_k = lade.chain_max_draft (drafts of
-                                               chain requests), policy = lade.policy (measure | always),
-                                               context = lade.context_candidate
+                                               vllm_lookahead.lade2d.Lade2DProposer: LADE's opt-in 2D
+                                               layout (docs/lade2d.md; keys of its "lookahead2d"
+                                               section); k defaults to (N-1)(W+G)-1, chain_k =
+                                               chain_max_draft (drafts of chain requests), policy
+                                               (measure | always), context = context_candidate
     custom:pkg.module.Class:k=4[,key=value...] any proposer class vLLM can load as custom_class;
                                                extra keys go to additional_config["custom_proposer"]
 
@@ -38,6 +38,7 @@ from typing import Any
 from vllm_lookahead.core.config import K_LIMITS
 
 LOOKAHEAD_CLASS = "vllm_lookahead.LookaheadProposer"
+LADE2D_CLASS = "vllm_lookahead.lade2d.Lade2DProposer"
 DEFAULT_DECODER = "lookahead:k=8"
 """The project's default decoder, the one its CLIs run and its README reports: ``num_speculative_tokens``
 8 is the longest draft, the drafter decides each draft's length (docs/lookahead.md)."""
@@ -50,7 +51,7 @@ SUFFIX_KEYS = {"depth": "suffix_decoding_max_tree_depth", "spec_factor": "suffix
                "kbs": "num_speculative_tokens_per_batch_size"}
 MAX_K = 16
 MAX_K_2D = K_LIMITS[1]  # vLLM's MAX_SPEC_LEN: the 2D layout's rows are its drafts
-# lookahead2d SPEC key -> key of the config's "lade" section (W/N/G: core.config.ALIASES, resolved there)
+# lookahead2d SPEC key -> key of its "lookahead2d" section (W/N/G: lade2d.config.ALIASES, resolved there)
 LADE_KEYS = {"chain_k": "chain_max_draft", "context": "context_candidate"}
 SPEC_HELP = (
     "decoder SPEC: none | ngram:k=4[,n_min=2,n_max=4] | suffix:k=4[,depth=24,spec_factor=1.0,min_prob=0.1]"
@@ -68,7 +69,7 @@ class DecoderSpec:
     """A parsed decoder: its kind, k, parameters and the vLLM engine arguments it needs."""
 
     text: str
-    kind: str  # none | ngram | suffix | lookahead | custom
+    kind: str  # none | ngram | suffix | lookahead | lookahead2d | custom
     k: int = 0
     params: dict[str, Any] = field(default_factory=dict)
     class_path: str | None = None
@@ -94,6 +95,9 @@ class DecoderSpec:
         if self.kind == "lookahead":
             return {"speculative_config": {"model": LOOKAHEAD_CLASS, "num_speculative_tokens": self.k},
                     "additional_config": {"lookahead": dict(self.params)}}
+        if self.kind == "lookahead2d":
+            return {"speculative_config": {"model": LADE2D_CLASS, "num_speculative_tokens": self.k},
+                    "additional_config": {"lookahead2d": dict(self.params)}}
         assert self.class_path is not None
         return {"speculative_config": {"model": self.class_path, "num_speculative_tokens": self.k},
                 "additional_config": {"custom_proposer": dict(self.params)}}
@@ -102,7 +106,7 @@ class DecoderSpec:
         """JSON-friendly description for reports."""
         return {"spec": self.text, "kind": self.kind, "k": self.k, "params": dict(self.params),
                 "class": self.class_path if self.kind == "custom" else
-                (LOOKAHEAD_CLASS if self.kind == "lookahead" else None)}
+                {"lookahead": LOOKAHEAD_CLASS, "lookahead2d": LADE2D_CLASS}.get(self.kind)}
 
 
 def _value(raw: str) -> Any:
@@ -220,19 +224,19 @@ def parse_spec(spec: str, *, check_import: bool = True) -> DecoderSpec:
         return DecoderSpec(text, "lookahead", k, params)
     if kind == "lookahead2d":
         params = _kv(rest, spec)
-        lade = {"layout": "2d", "lade": {"chain_max_draft": 4,  # requests on the chain draft chain-sized drafts
-                                         **{LADE_KEYS.get(k, k): v for k, v in params.items() if k != "k"}}}
-        from vllm_lookahead.core.config import LookaheadConfig, LookaheadConfigError
+        section = {"chain_max_draft": 4,  # requests on the chain draft chain-sized drafts
+                   **{LADE_KEYS.get(k, k): v for k, v in params.items() if k != "k"}}
+        from vllm_lookahead.core.config import LookaheadConfigError
+        from vllm_lookahead.lade2d.config import Lade2DConfig
 
         try:
-            cfg = LookaheadConfig.from_dict(lade)
+            rows = Lade2DConfig.from_dict(section).rows
         except (LookaheadConfigError, TypeError) as e:
             raise SpecError(f"{spec!r}: {e}") from None
-        rows = cfg.lade.rows
         k = _positive_int(spec, "k", params.get("k", rows - 1), MAX_K_2D)
         if k < rows - 1:
             raise SpecError(f"{spec!r}: k={k} is below the (N-1)(W+G)-1 = {rows - 1} rows of the layout")
-        return DecoderSpec(text, "lookahead", k, lade)
+        return DecoderSpec(text, "lookahead2d", k, section)
     if kind == "custom":
         class_path, sep, kvs = rest.partition(":")
         if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+", class_path or ""):

@@ -455,7 +455,7 @@ def test_proposer_isolation_key_from_lora_and_tenant():
     extra_args["tenant"]; a request with neither shares the anonymous key."""
     from types import SimpleNamespace as NS
 
-    from vllm_lookahead.vllm.proposer import isolation_key
+    from vllm_lookahead.vllm.requests import isolation_key
 
     def req(lora=None, extra=None):
         return NS(lora_request=NS(lora_name=lora, lora_int_id=1) if lora else None,
@@ -475,7 +475,7 @@ def test_proposer_drafts_no_more_than_a_request_can_still_commit():
     know: k.  ``step_arrays`` cuts the drafts there and its measured rows count only what it drafted."""
     from types import SimpleNamespace as NS
 
-    from vllm_lookahead.vllm.proposer import draft_room
+    from vllm_lookahead.vllm.requests import draft_room
 
     reqs = {"a": NS(sampling_params=NS(max_tokens=10)), "b": NS(sampling_params=NS(max_tokens=None))}
     # prompt 5 tokens; "a" has 7, 8, 9 outputs: 3, 2, 1 tokens left

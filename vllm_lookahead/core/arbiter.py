@@ -1,14 +1,14 @@
-"""Pick the mode (drafting as configured, no drafts, or the experimental 2D layout) that serves more tokens
-per second, by measuring each on the live engine: the drafter's busy-batch guard and the 2D layout's
-chooser.
+"""Pick the mode (e.g. drafting as configured, or no drafts) that serves more tokens per second, by
+measuring each on the live engine: the drafter's busy-batch guard, and any proposer with modes of its
+own (the modes are the caller's names).
 
 Why measure: whether draft rows pay depends on the hardware, not the algorithm.  On a memory-bound GPU
 step extra rows are nearly free; on a compute-bound CPU each row costs a share of a step.  A fixed rule
 would be wrong on one of them, so the engine times its own steps: an EMA of committed
-tokens per wall-clock second for each layout, the best one wins, and the others are re-tried for a
+tokens per wall-clock second for each mode, the best one wins, and the others are re-tried for a
 few steps every so often so that a change (batch composition, prompt mix) is noticed -- each re-try
-measured afresh, not blended into the figure from when the layout last ran.  "off" (no
-drafts) is a layout too: at a large batch on a compute-bound device even the chain's rows can cost
+measured afresh, not blended into the figure from when the mode last ran.  "off" (no
+drafts) is a mode too: at a large batch on a compute-bound device even the chain's rows can cost
 more than they return, and then the engine should simply decode.
 
 Re-tries cost: a loser runs at the loser's speed for its steps.  With
@@ -21,19 +21,16 @@ conditions is then noticed within ``max_explore_every`` steps instead of ``explo
 
 from __future__ import annotations
 
-MODES = ("chain", "2d", "off")  # off: no drafts at all -- when speculation itself does not pay
-
 
 class ThroughputArbiter:
-    """Throughput arbitration between draft modes (a subset of ``MODES``) for one batch size."""
+    """Throughput arbitration between named draft modes for one batch size."""
 
-    def __init__(self, modes: tuple[str, ...] = ("chain", "2d", "off"), explore_every: int = 64,
+    def __init__(self, modes: tuple[str, ...] = ("chain", "off"), explore_every: int = 64,
                  explore_steps: int = 4, warmup_steps: int = 8, decay: float = 0.9, outlier: float = 8.0,
                  stale_after: int = 16, max_explore_every: int | None = None, decisive: float = 1.25,
                  min_warmup_steps: int = 4):
-        unknown = set(modes) - set(MODES)
-        if unknown or not modes:
-            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {modes}")
+        if not modes or len(set(modes)) != len(modes):
+            raise ValueError(f"modes must be distinct names, at least one, got {modes}")
         if max_explore_every is not None and max_explore_every < explore_every:
             raise ValueError(f"max_explore_every ({max_explore_every}) must be >= explore_every ({explore_every})")
         if decisive <= 1.0:
@@ -85,7 +82,7 @@ class ThroughputArbiter:
         self.samples[mode] += 1
 
     def choose(self) -> str:
-        """The layout for the next step."""
+        """The mode for the next step."""
         # first measure every mode, interleaved (the least-measured first): modes measured one after the
         # other would see different conditions -- a batch that shrinks as requests finish, a warm-up
         # that ends -- and the comparison would credit those to the mode

@@ -1,26 +1,26 @@
 """Lookahead configuration: one validated dataclass, built from a dict (``additional_config["lookahead"]``
 or the ``VLLM_LOOKAHEAD_CONFIG`` JSON environment variable).  Bad values raise ``LookaheadConfigError``
 naming the key, the value and the allowed range, so a typo fails at engine start, not mid-request; an
-unknown key (a typo, or a key of an unreleased draft of this config) fails listing the known ones.
-
-The settings of the experimental 2D layout live in a nested section, ``{"layout": "2d", "lade": {...}}``
-(``LadeConfig``)."""
+unknown key (a typo, or a key of an unreleased draft of this config) fails listing the known ones, and a
+key that moved to an opt-in extension's own section (``vllm_lookahead.extensions.MOVED_KEYS``) fails
+naming where it went.  The validation helpers (``check_fields``, ``floats``) serve those sections too."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
+
+from vllm_lookahead.extensions import MOVED_KEYS
 
 
 class LookaheadConfigError(ValueError):
     pass
 
 
-# Ranges and choices, declared once: ``__post_init__`` enforces them, the per-request
-# ``extra_args["lookahead"]`` reader clamps to them, and the Helm chart's values.schema.json
+# Ranges and choices, declared once: ``__post_init__`` enforces them, and the Helm chart's values.schema.json
 # ``lookahead`` subtree is generated from them (deploy/scripts/gen_lookahead_schema.py; a test fails on
 # drift).  (lo, hi): inclusive; hi None = unbounded.  Keys not listed here have no range.
 LIMITS: dict[str, tuple[float, float | None]] = {
@@ -29,21 +29,12 @@ LIMITS: dict[str, tuple[float, float | None]] = {
     "chain_busy_min_p": (0.0, 1.0), "batch_size_threshold": (1, None), "max_batch_draft_tokens": (0, None),
     "guard_batch_size": (1, None),
 }
-LADE_LIMITS: dict[str, tuple[float, float | None]] = {
-    "window": (1, 64), "ngram": (3, 16), "candidates": (0, 64), "max_batch": (0, None),
-    "context_candidate": (0, 32), "context_min_match": (1, 32), "chain_max_draft": (0, 128),
-}
-CHOICES: dict[str, tuple[str, ...]] = {"layout": ("chain", "2d")}
-LADE_CHOICES: dict[str, tuple[str, ...]] = {"policy": ("measure", "always")}
+CHOICES: dict[str, tuple[str, ...]] = {}  # key -> allowed strings (none at present; schema "enum")
 K_LIMITS = (1, 128)
-"""num_speculative_tokens: vLLM's MAX_SPEC_LEN bounds a step's draft rows (the 2D layout uses them all)."""
+"""num_speculative_tokens: vLLM's MAX_SPEC_LEN bounds a step's draft rows."""
 BUSY_FLOOR_BY_K = ((4, 0.05), (8, 0.15))
 """(k, floor) points of the default busy floor (``LookaheadConfig.busy_floor``)."""
-ALIASES: dict[str, str] = {"W": "window", "N": "ngram", "G": "candidates"}
-"""W/N/G mean LADE's window, n-gram size and candidates (guess set) -- the 2D layout's shape -- in
-every place they are accepted: the ``lade`` section of this config, the ``lookahead2d`` SPEC string and
-a request's ``extra_args["lookahead"]``."""
-NOTES = {"ngram": " (N=2 leaves no lookahead level)", "chain_max_draft": " (0 = k)"}
+
 
 def _field_type(f: dataclasses.Field) -> tuple[str, bool]:
     """A config field's type as (base type name, whether None is allowed): ``"float | None"`` ->
@@ -52,23 +43,15 @@ def _field_type(f: dataclasses.Field) -> tuple[str, bool]:
     return text.split(" |")[0], text.endswith("| None")
 
 
-def _limits(key: str, nested: bool = False) -> tuple[float, float | None]:
-    return (LADE_LIMITS if nested else LIMITS)[key]
-
-
-def range_text(key: str, nested: bool = False) -> str:
-    lo, hi = _limits(key, nested)
+def range_text(key: str, limits: dict[str, tuple[float, float | None]] = LIMITS,
+               notes: dict[str, str] | None = None) -> str:
+    lo, hi = limits[key]
     text = f"must be >= {lo}" if hi is None else f"must be in {lo}..{hi}"
-    return text + NOTES.get(key, "")
+    return text + (notes or {}).get(key, "")
 
 
-def in_range(key: str, value: float, nested: bool = False) -> bool:
-    lo, hi = _limits(key, nested)
-    return value >= lo and (hi is None or value <= hi)
-
-
-def _check(obj: Any, limits: dict[str, tuple[float, float | None]], choices: dict[str, tuple[str, ...]],
-           prefix: str) -> None:
+def check_fields(obj: Any, limits: dict[str, tuple[float, float | None]], choices: dict[str, tuple[str, ...]],
+                 prefix: str = "", notes: dict[str, str] | None = None) -> None:
     """Types, ranges and choices of a config dataclass's fields."""
 
     def need(cond: bool, key: str, rule: str) -> None:
@@ -78,7 +61,7 @@ def _check(obj: Any, limits: dict[str, tuple[float, float | None]], choices: dic
     for f in fields(obj):
         v = getattr(obj, f.name)
         base, optional = _field_type(f)
-        if base == "LadeConfig" or (v is None and optional):  # a section; unset: a default chosen at run time
+        if v is None and optional:  # unset: a default chosen at run time
             continue
         expected = bool if base == "bool" else float if base == "float" else str if base == "str" else int
         ok = isinstance(v, expected) if expected in (bool, str) else (
@@ -87,69 +70,18 @@ def _check(obj: Any, limits: dict[str, tuple[float, float | None]], choices: dic
         need(ok, f.name, f"expected {expected.__name__}")
     for key, (lo, hi) in limits.items():
         v = getattr(obj, key)
-        need(v is None or (v >= lo and (hi is None or v <= hi)), key, range_text(key, limits is LADE_LIMITS))
+        need(v is None or (v >= lo and (hi is None or v <= hi)), key, range_text(key, limits, notes))
     for key, allowed in choices.items():
         need(getattr(obj, key) in allowed, key, "must be " + " or ".join(f'"{c}"' for c in allowed))
 
 
-def _floats(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+def floats(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
     """Ints given where floats are expected are fine."""
     for f in fields(cls):
         if f.name in raw and _field_type(f)[0] == "float" and isinstance(raw[f.name], int) \
                 and not isinstance(raw[f.name], bool):
             raw[f.name] = float(raw[f.name])
     return raw
-
-
-@dataclass(frozen=True)
-class LadeConfig:
-    """The ``lade`` section: settings of the experimental 2D layout (``layout="2d"``), ignored otherwise."""
-
-    window: int = 5
-    """W: columns of the Jacobi window; a request may ask for less (``extra_args``).  Default 5."""
-    ngram: int = 3
-    """N: n-gram length; the window holds N-1 levels.  Default 3."""
-    candidates: int = 5
-    """G: pool candidates verified per step.  Default 5."""
-    max_batch: int = 1
-    """2D steps run only while at most this many requests are in the batch (its rows are free only while
-    a step is memory-bound).  Default 1."""
-    context_candidate: int = 0
-    """Up to this many tokens of a context match of at least ``context_min_match`` tokens become the first
-    2D candidate (0 = pure LADE).  Adds up to this many rows; k must cover them too.  Default 0."""
-    context_min_match: int = 2
-    """Shortest context match that becomes a 2D candidate (with ``context_candidate``).  Default 2."""
-    policy: str = "measure"
-    """"measure": the engine times its own steps and, per batch size, uses whichever of 2D, chain or no
-    drafts serves the most tokens/s; "always": 2D whenever it can.  Default "measure"."""
-    seed: int = 0
-    """Seed of the random prompt tokens that start a request's window.  Default 0."""
-    chain_max_draft: int = 0
-    """Longest chain draft of a 2D engine (0 = num_speculative_tokens, which is sized for the 2D rows).
-    Default 0."""
-
-    def __post_init__(self) -> None:
-        _check(self, LADE_LIMITS, LADE_CHOICES, "lade.")
-
-    @property
-    def rows(self) -> int:
-        """Most query rows of a 2D step: (N-1)(W+G) plus the context candidate; k must be >= rows - 1."""
-        return (self.ngram - 1) * (self.window + self.candidates) + self.context_candidate
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> LadeConfig:
-        raw = dict(raw)
-        for short, long in ALIASES.items():
-            if short in raw:
-                if long in raw:
-                    raise LookaheadConfigError(f"lookahead config: give lade.{short} or lade.{long}, not both")
-                raw[long] = raw.pop(short)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise LookaheadConfigError(f"lookahead config: unknown lade key(s) {unknown}; known: {sorted(known)} "
-                                       "(aliases W, N, G)")
-        return cls(**_floats(cls, raw))
 
 
 @dataclass(frozen=True)
@@ -203,26 +135,11 @@ class LookaheadConfig:
     """A greedy speculative step in which nothing changes the argmax (no penalties, logit bias,
     min_tokens, bad words, logprobs; CPU float32 logits) is verified from a numpy argmax of the step's
     logits -- vLLM's greedy rule, token for token -- instead of vLLM's rejection sampler.  Default True."""
-    layout: str = "chain"
-    """"chain": drafts are one chain verified by vLLM's rejection sampler.  "2d" (experimental): LADE's
-    own step -- G candidates and a W x (N-1) Jacobi window in one forward with LADE's mask, verified by a
-    multi-candidate verifier -- for greedy requests in small batches, set up by the ``lade`` section;
-    needs num_speculative_tokens >= (N-1)(W+G) - 1.  Default "chain"."""
-    lade: LadeConfig = field(default_factory=LadeConfig)
-    """The 2D layout's section (window, ngram, candidates, max_batch, context_candidate,
-    context_min_match, policy, seed, chain_max_draft; W/N/G aliases), used with ``layout="2d"`` only.
-    Default: LADE's W=5, N=3, G=5 at batch 1."""
-
     def __post_init__(self) -> None:
-        _check(self, LIMITS, CHOICES, "")
-        if not isinstance(self.lade, LadeConfig):
-            raise LookaheadConfigError(f"lookahead config: lade={self.lade!r} is invalid; expected a JSON object")
+        check_fields(self, LIMITS, CHOICES)
         if self.min_match > self.max_match:
             raise LookaheadConfigError(f"lookahead config: min_match={self.min_match!r} is invalid; "
                                        "must be <= max_match")
-        if self.lade.rows > 129:
-            raise LookaheadConfigError(f"lookahead config: lade.window={self.lade.window!r} is invalid; (N-1)(W+G) "
-                                       f"= {self.lade.rows} rows exceeds vLLM's 128 draft tokens + 1")
 
     def busy_floor(self, k: int) -> float:
         """The floor from ``batch_size_threshold`` rows on, for drafts of up to ``k`` tokens:
@@ -235,15 +152,15 @@ class LookaheadConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> LookaheadConfig:
         raw = dict(raw or {})
+        moved = sorted(set(raw) & set(MOVED_KEYS))
+        if moved:
+            raise LookaheadConfigError(f"lookahead config: {moved[0]!r} is not a key of the lookahead section; "
+                                       f"{MOVED_KEYS[moved[0]]}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise LookaheadConfigError(f"lookahead config: unknown key(s) {unknown}; known keys: {sorted(known)}")
-        if "lade" in raw:
-            if not isinstance(raw["lade"], dict):
-                raise LookaheadConfigError('lookahead config: "lade" must be a JSON object')
-            raw["lade"] = LadeConfig.from_dict(raw["lade"])
-        return cls(**_floats(cls, raw))
+        return cls(**floats(cls, raw))
 
     @classmethod
     def from_sources(cls, additional_config: dict[str, Any] | None) -> LookaheadConfig:
@@ -268,26 +185,18 @@ class LookaheadConfig:
         return dataclasses.asdict(self)
 
     def overrides(self) -> dict[str, Any]:
-        """The validated settings that differ from the defaults, by canonical name (what telemetry
-        reports as the decoder's params: aliases resolved, nothing unvalidated, scalar values): the
-        ``lade`` section's as ``lade.<key>``."""
-        default, out = LookaheadConfig(), {}
-        for k, v in self.as_dict().items():
-            if k == "lade":
-                out.update({f"lade.{n}": x for n, x in v.items() if x != getattr(default.lade, n)})
-            elif v != getattr(default, k):
-                out[k] = v
-        return out
+        """The validated settings that differ from the defaults (what telemetry reports as the decoder's
+        params: nothing unvalidated, scalar values)."""
+        default = LookaheadConfig()
+        return {k: v for k, v in self.as_dict().items() if v != getattr(default, k)}
 
 
 def _schema(cls: type, limits: dict[str, tuple[float, float | None]],
-            choices: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+           choices: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """JSON schema of a config dataclass: types, ranges, choices, defaults; no unknown keys."""
     props: dict[str, Any] = {}
     for f in fields(cls):
         base, optional = _field_type(f)
-        if base == "LadeConfig":
-            props[f.name] = lade_json_schema()
-            continue
         kind: Any = {"bool": "boolean", "float": "number", "str": "string"}.get(base, "integer")
         if optional:
             kind = [kind, "null"]
@@ -301,15 +210,6 @@ def _schema(cls: type, limits: dict[str, tuple[float, float | None]],
             prop["enum"] = list(choices[f.name])
         props[f.name] = prop
     return {"type": "object", "additionalProperties": False, "properties": props}
-
-
-def lade_json_schema() -> dict[str, Any]:
-    """JSON schema of the ``lade`` section (aliases W/N/G included)."""
-    schema = _schema(LadeConfig, LADE_LIMITS, LADE_CHOICES)
-    for short, long in ALIASES.items():
-        schema["properties"][short] = {k: v for k, v in schema["properties"][long].items() if k != "default"} | {
-            "description": f"alias of {long}"}
-    return schema
 
 
 def json_schema() -> dict[str, Any]:

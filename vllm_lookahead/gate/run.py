@@ -88,9 +88,9 @@ def preflight(inp: GateInputs) -> list[Any]:
     if not (inp.model / "config.json").is_file():
         raise UsageError(f"model directory {inp.model} has no config.json")
     for spec in (inp.baseline, inp.candidate):
-        if spec.kind == "lookahead":
+        if spec.kind in ("lookahead", "lookahead2d"):
             try:
-                check_class("vllm_lookahead.vllm.proposer.LookaheadProposer", spec.text)
+                check_class(spec.describe()["class"], spec.text)
             except SpecError as e:
                 raise UsageError(f"{e} (the lookahead proposer is not installed in this build)") from None
     return _classifiers(inp)

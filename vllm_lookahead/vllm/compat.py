@@ -109,7 +109,7 @@ USES: tuple[Use, ...] = (
     Use("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_top_p", "function", ("logits", "k", "p")),
     Use("vllm._custom_ops", "cpu_attn_reshape_and_cache", "function",
         ("key", "value", "key_cache", "value_cache", "slot_mapping", "isa")),
-    # --- worker state the proposer and the 2D layout read ---------------------------------------
+    # --- worker state the proposers read -------------------------------------------------------
     Use(_R, "GPUModelRunner.input_batch", "attribute"),
     Use(_R, "GPUModelRunner.requests", "attribute"),
     Use(_R, "GPUModelRunner.drafter", "attribute"),

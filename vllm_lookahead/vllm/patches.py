@@ -146,8 +146,6 @@ DECLARING_MODULES = (
     "vllm_lookahead.vllm.runner_patch",
     "vllm_lookahead.vllm.plain_steps",
     "vllm_lookahead.vllm.draft_reply",
-    "vllm_lookahead.experimental.lade2d",
-    "vllm_lookahead.experimental.flex_mask",
     "vllm_lookahead.vllm.prompt_scores",
     "vllm_lookahead.vllm.fixes",
     "vllm_lookahead.vllm.sampling_cover",
@@ -159,8 +157,12 @@ DECLARING_MODULES = (
 
 
 def load_all() -> dict[str, Patch]:
-    """Import every declaring module of this package (declaring applies nothing) and return the
-    registry: those, plus what other code declared through ``declare`` (the test-only faults)."""
-    for module in DECLARING_MODULES:
+    """Import every declaring module, the opt-in extensions' too (``vllm_lookahead.extensions``;
+    declaring applies nothing), and return the registry: those, plus what other code declared through
+    ``declare`` (the test-only faults)."""
+    from vllm_lookahead.extensions import PACKAGES
+
+    extensions = tuple(m for p in PACKAGES for m in importlib.import_module(p).PATCH_MODULES)
+    for module in DECLARING_MODULES + extensions:
         importlib.import_module(module)
     return PATCHES

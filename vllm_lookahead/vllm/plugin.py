@@ -8,7 +8,7 @@ plugin knows it was asked, per process type:
 * lookahead (worker half) -- not here at all.  vLLM imports ``speculative_config.model`` =
   ``vllm_lookahead.LookaheadProposer`` inside the worker only when an engine is configured with it
   (``custom_class_proposer.create_custom_proposer``); ``LookaheadProposer.__init__`` then checks the
-  vLLM version and applies its worker patches (``runner_sample``, the 2D hooks when ``layout="2d"``,
+  vLLM version and applies its worker patches (``runner_sample``, ``plain_steps``, ...,
   the CPU expand fix when its probe finds the kernel broken).
 * lookahead (engine half) -- only in the EngineCore process of an engine that drafts with a proposer of
   this package on the multiprocess executor: ``register()`` is called from ``EngineCore.__init__``, whose

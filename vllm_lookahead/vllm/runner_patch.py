@@ -2,19 +2,18 @@
 
 Why: the proposer needs each step's verification before vLLM's rejection sampler consumes it -- the
 verified draft counts (the drafter credits them to its acceptance estimates), a greedy step's argmax
-(``greedy_verify.py`` gives the verdict from it) and, with the experimental 2D layout, the argmax at
-every row.  ``GPUModelRunner._sample(logits, spec_decode_metadata)`` is the narrowest place that sees all
-verification logits before rejection, in the same row order that the following ``propose()`` call sees;
+(``greedy_verify.py`` gives the verdict from it), and for a proposer that verifies rows itself the
+logits at every row.  ``GPUModelRunner._sample(logits, spec_decode_metadata)`` is the narrowest place
+that sees all verification logits before rejection, in the same row order that the following ``propose()`` call sees;
 the CPU runner inherits it, so one patch covers CPU and CUDA.
 
 What: wrap ``_sample`` so that, before sampling, the proposer's ``capture_verification(runner, logits,
-metadata)`` runs, and after it ``finish_verification(runner, sampler_output)`` (the 2D layout's
-multi-candidate verifier rewrites its requests' rows there, ``experimental/lade2d.py``).  When the capture already
+metadata)`` runs, and after it ``finish_verification(runner, sampler_output)`` where the proposer has
+one (a subclass's own verifier rewrites its requests' rows there).  When the capture already
 verified a greedy step from its argmax (``take_verdict()``, ``greedy_verify.py``), or a T>0 step is sampled
 position by position as plain decoding samples it (``coupled_verify.py``: seeded requests reproduce token
-for token), that output stands in for vLLM's rejection sampler.  It only launches an argmax
-and an asynchronous device-to-host copy (no host sync on CUDA); the result is read in ``propose()``,
-which vLLM calls after its own bookkeeping sync.  Runners whose drafter is not ours pass straight through.
+for token), that output stands in for vLLM's rejection sampler.  Runners whose drafter is not ours
+pass straight through.
 
 Applied by ``LookaheadProposer.__init__`` (worker), through ``patches.apply``.
 """

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.reference import decoder as decoder_mod
-from vllm_lookahead.reference import (
+from vllm_lookahead.lade2d.reference import decoder as decoder_mod
+from vllm_lookahead.lade2d.reference import (
     greedy_generate,
     lade_generate,
     lookup_draft,

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from vllm_lookahead.reference import StepLayout, build_step_layout
-from vllm_lookahead.reference.model import forward_rows
+from vllm_lookahead.lade2d.reference import StepLayout, build_step_layout
+from vllm_lookahead.lade2d.reference.model import forward_rows
 
 pytestmark = pytest.mark.unit
 TOL = 1e-4

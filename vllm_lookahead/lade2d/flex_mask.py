@@ -1,10 +1,10 @@
 """LADE's mask for vLLM's FlexAttention backend (the CUDA path of the 2D layout; design note section 7).
 
-Status: **the mask only, checked on CPU** (tests/vllm/test_flex_mask.py runs it through torch's own
+Status: **the mask only, checked on CPU** (tests/lade2d/test_flex_mask.py runs it through torch's own
 ``flex_attention``/``create_block_mask`` and compares with the SDPA reference).  Not wired into an
 engine: the rest of the CUDA path (positions written on the device, the KV fix-up as a slot-to-slot
 copy in the Flex cache layout, PIECEWISE CUDA graphs) needs a GPU to be tested, and none was
-available, so ``lade2d.check_engine`` keeps the 2D layout off on anything but the CPU backend.
+available, so ``hooks.check_engine`` keeps the 2D layout off on anything but the CPU backend.
 
 How: vLLM's ``FlexAttentionMetadata.get_paged_mask_mod`` maps each (query row, physical KV slot) pair
 to logical indices (query: ``decode_offset[req] + row``; KV: the token's position in the request's

@@ -1,4 +1,4 @@
-"""LADE's FlexAttention mask (the CUDA path's mask, ``vllm_lookahead.experimental.flex_mask``), checked on CPU.
+"""LADE's FlexAttention mask (the CUDA path's mask, ``vllm_lookahead.lade2d.flex_mask``), checked on CPU.
 
 1. Through vLLM's own paged index mapping: the patched ``FlexAttentionMetadata.get_paged_mask_mod``,
    on a two-request batch with out-of-order physical blocks, gives LADE's visibility (prefix + plan)
@@ -16,12 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_lookahead.experimental.flex_mask import (
+from vllm_lookahead.lade2d.flex_mask import (
     LadeMaskTables,
     install_flex_mask_patch,
     lade_mask_mod,
 )
-from vllm_lookahead.experimental.lade import LadeState
+from vllm_lookahead.lade2d.lade import LadeState
 
 pytestmark = [pytest.mark.vllm]
 BLOCK = 16
@@ -128,7 +128,7 @@ def test_flex_kv_fixup_copies_slots_in_the_flex_layout():
     """The CUDA path's KV fix-up: K and V of the winner's slots land in the slots after the prefix, in
     FlexAttention's cache layout ``[blocks, kv_heads, block_size, 2 * head_dim]`` (what vLLM 0.32's
     ``FlexAttentionImpl.do_kv_cache_update`` writes through ``transpose(1, 2)``); nothing else changes."""
-    from vllm_lookahead.experimental.lade2d import copy_slots_flex
+    from vllm_lookahead.lade2d.hooks import copy_slots_flex
 
     blocks, heads, bs, d = 6, 2, 16, 8
     g = torch.Generator().manual_seed(0)

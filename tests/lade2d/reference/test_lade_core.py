@@ -1,11 +1,11 @@
-"""``experimental.lade`` -- the 2D state the vLLM path runs -- checked on Hugging Face before vLLM sees it.
+"""``lade2d.lade`` -- the 2D state the vLLM path runs -- checked on Hugging Face before vLLM sees it.
 
 1. Every row of a ``LadePlan`` (vLLM row order: current, candidates, window) gets exactly the logits
    of its own causal context (the per-row oracle of test_ref_layout, on the permuted layout).
 2. Driving ``LadeState`` step by step on HF (plan -> masked forward -> ``verify_greedy`` -> keep the
    winner's KV -> ``absorb``) reproduces ``lade_generate(prefill_window=False)`` exactly: the same
    tokens and the same tokens-per-forward, so the window, pool and verification logic are LADE's.
-   The vLLM test (tests/vllm/test_lade2d.py) then compares vLLM against the same reference.
+   The vLLM test (tests/lade2d/test_lade2d.py) then compares vLLM against the same reference.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from vllm_lookahead.experimental.lade import LadeState, verify_greedy
-from vllm_lookahead.reference import StepLayout, greedy_generate, lade_generate
-from vllm_lookahead.reference.model import forward_rows, keep_cache_rows
+from vllm_lookahead.lade2d.lade import LadeState, verify_greedy
+from vllm_lookahead.lade2d.reference import StepLayout, greedy_generate, lade_generate
+from vllm_lookahead.lade2d.reference.model import forward_rows, keep_cache_rows
 
 from .test_ref_layout import TOL, max_row_error
 

@@ -4,7 +4,7 @@ The chain design (``state.py``) fits vLLM's single draft chain.  This is the oth
 own: every step runs ``[current] + G candidates + the W x (N-1) Jacobi window`` in one forward with
 LADE's mask (``lade_layout``), verifies all candidates at once (``verify_greedy``) and shifts the window
 one level (LADE's update rule, as in ``reference.decoder.lade_generate``).  vLLM runs it through
-``vllm_lookahead.experimental.lade2d`` (positions, mask, verifier, KV fix-up); this module is the pure part.
+``vllm_lookahead.lade2d.hooks`` (positions, mask, verifier, KV fix-up); this module is the pure part.
 
 Row order (``LadePlan``): row 0 is the current token, then candidate 0, candidate 1, ..., then the
 window (level 0, then levels 1..).  Candidate 0 first means its KV already sits in the slots right

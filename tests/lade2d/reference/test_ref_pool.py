@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.reference import NGramPool
+from vllm_lookahead.lade2d.reference import NGramPool
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The multi-candidate sampling rule (``experimental.lade.verify_sampled``) leaves the target distribution unchanged.
+"""The multi-candidate sampling rule (``lade2d.lade.verify_sampled``) leaves the target distribution unchanged.
 
 A hand-made target: P(x1) and, for every prefix, a context-dependent P(next | prefix).  Candidates with a
 shared prefix, a duplicate, different lengths and a token of probability 0.  Monte Carlo: the first
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from vllm_lookahead.experimental.lade import verify_sampled
+from vllm_lookahead.lade2d.lade import verify_sampled
 
 pytestmark = pytest.mark.unit
 V = 5

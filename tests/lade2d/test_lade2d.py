@@ -1,6 +1,6 @@
 """LADE's 2D layout inside real vLLM (CPU, trained demo model, float32): exact, really 2D, really LADE.
 
-* Greedy outputs with ``layout=2d`` equal ``none`` token for token at batch 1, 8 and 32 (the 2D path
+* Greedy outputs with ``Lade2DProposer`` equal ``none`` token for token at batch 1, 8 and 32 (the 2D path
   forced on at every batch size), and the path demonstrably ran: 2D steps, later candidates winning
   (so the KV fix-up ran) -- and with the fix-up switched off the same comparison fails, which shows
   the test can see a wrong KV cache.
@@ -37,7 +37,7 @@ def runs(engine_factory):
     """none vs 2D at each batch size, the 2D counters per batch size, and a run without the fix-up."""
     from vllm import SamplingParams
 
-    from vllm_lookahead.experimental import lade2d
+    from vllm_lookahead.lade2d import hooks as lade2d
 
     prompts = heldout_prompts()
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
@@ -102,8 +102,8 @@ def test_vllm_2d_commits_what_the_reference_commits(runs, demo_model):
     (same W/N/G, same seed for the initial window, level 0 entering at the first decode step)."""
     from vllm import SamplingParams
 
-    from vllm_lookahead.experimental import lade2d
-    from vllm_lookahead.reference import lade_generate, load_model
+    from vllm_lookahead.lade2d import hooks as lade2d
+    from vllm_lookahead.lade2d.reference import lade_generate, load_model
 
     prompts, _, llm = runs
     model = load_model(str(demo_model), dtype="float32")
@@ -130,7 +130,7 @@ def test_per_request_shape_and_sampling_fallback(runs):
     """A client may ask for a smaller W/N/G per request; a sampled request takes the chain."""
     from vllm import SamplingParams
 
-    from vllm_lookahead.experimental import lade2d
+    from vllm_lookahead.lade2d import hooks as lade2d
 
     prompts, _, llm = runs
     small = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, extra_args={"lookahead": {"W": 2, "G": 1}})
@@ -157,7 +157,7 @@ def test_2d_sampling_distribution_unchanged(runs, engine_factory):
 
     from vllm import SamplingParams
 
-    from vllm_lookahead.experimental import lade2d
+    from vllm_lookahead.lade2d import hooks as lade2d
 
     _, _, llm = runs
     prompt = "    def test_repeat(self):\n        self.assertEqual(x, 1)\n        self.assertEqual(y, 2)\n        self.assertEqual("
@@ -182,7 +182,7 @@ def test_2d_greedy_identical_under_preemption(runs, engine_factory):
     first is still to be used.)"""
     from vllm import SamplingParams
 
-    from vllm_lookahead.experimental import lade2d
+    from vllm_lookahead.lade2d import hooks as lade2d
 
     prompts, out, _ = runs
     llm = engine_factory(SPEC + ",context=4", max_model_len=512,
@@ -199,17 +199,15 @@ def test_2d_greedy_identical_under_preemption(runs, engine_factory):
 
 
 def test_2d_config_errors():
-    from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError
+    from vllm_lookahead.core import LookaheadConfigError
     from vllm_lookahead.decoders import SpecError, parse_spec
-    from vllm_lookahead.vllm.proposer import LookaheadProposer
+    from vllm_lookahead.lade2d import Lade2DProposer
+    from vllm_lookahead.lade2d.config import Lade2DConfig
 
     with pytest.raises(SpecError, match=r"k=4 is below the \(N-1\)\(W\+G\)-1 = 19"):
         parse_spec("lookahead2d:W=5,N=3,G=5,k=4")
-    with pytest.raises(LookaheadConfigError, match="layout"):
-        LookaheadConfig.from_dict({"layout": "tree"})
-    with pytest.raises(LookaheadConfigError, match="lade.ngram=2 is invalid"):
-        LookaheadConfig.from_dict({"layout": "2d", "lade": {"ngram": 2}})
-    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                          additional_config={"lookahead": {"layout": "2d"}})
+    with pytest.raises(LookaheadConfigError, match="lookahead2d.ngram=2 is invalid"):
+        Lade2DConfig.from_dict({"ngram": 2})
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4), additional_config={})
     with pytest.raises(LookaheadConfigError, match="needs \\(N-1\\)\\(W\\+G\\)-1 = 19 draft tokens"):
-        LookaheadProposer(cfg)
+        Lade2DProposer(cfg)

@@ -173,7 +173,7 @@ def check_engine(runner: Any) -> tuple[bool, str]:
                            "compilation_config={'cudagraph_mode': 'PIECEWISE'}")
         BACKEND = "flex"
         install_flex_mask_patch(lambda: CURRENT.flex_tables if CURRENT is not None else None, _take_slot_mapping)
-        logger.warning("vllm-lookahead: layout=2d on FlexAttention is EXPERIMENTAL: written against vLLM 0.32, "
+        logger.warning("vllm-lookahead: the 2D layout on FlexAttention is EXPERIMENTAL: written against vLLM 0.32, "
                        "never run on a GPU by this project")
         return True, ""
     BACKEND = "cpu"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_lookahead.experimental.masked_attention import (
+from vllm_lookahead.lade2d.masked_attention import (
     gather_prefix,
     layout_probe,
     masked_attention,

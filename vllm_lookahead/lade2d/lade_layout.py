@@ -2,7 +2,7 @@
 
 Why a separate module: the mask and positions are where a lookahead decoder silently goes wrong (a row
 that sees a token it should not still produces plausible logits).  Building them as plain data makes
-them testable row by row against an ordinary causal forward (tests/reference/test_ref_layout.py).
+them testable row by row against an ordinary causal forward (tests/lade2d/reference/test_ref_layout.py).
 
 Rows of a step, in order (p = position of the current token = number of tokens in the KV cache):
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from vllm_lookahead.prompts import load_heldout_prompts
-from vllm_lookahead.reference import (
+from vllm_lookahead.lade2d.reference import (
     greedy_generate,
     lade_generate,
     load_model,
     prompt_lookup_generate,
 )
-from vllm_lookahead.reference.bench import model_eos
+from vllm_lookahead.lade2d.reference.bench import model_eos
+from vllm_lookahead.prompts import load_heldout_prompts
 
 pytestmark = pytest.mark.slow
 MAX_NEW = 48

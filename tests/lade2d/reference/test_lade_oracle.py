@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from vllm_lookahead.lade2d.reference import greedy_generate, lade_generate, load_model
+from vllm_lookahead.lade2d.reference.bench import model_eos
 from vllm_lookahead.prompts import load_heldout_prompts
-from vllm_lookahead.reference import greedy_generate, lade_generate, load_model
-from vllm_lookahead.reference.bench import model_eos
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import lade_oracle  # noqa: E402
 

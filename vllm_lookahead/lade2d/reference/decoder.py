@@ -22,7 +22,7 @@ seeded with the prompt's n-grams and fed every committed n-gram (``prompt_pool``
 such pool), and on a full match the model's token after the candidate is committed too
 (``full_match_bonus``; LADE's match loop stops at ``gg = N-2`` and drops it).  With both off and
 ``seed=10`` (LADE's ``random.seed(10)``) this decoder commits, forward for forward, what ``lade``
-commits (``benchmarks/lade_oracle.py``, ``tests/reference/test_lade_oracle.py``).
+commits (``benchmarks/lade_oracle.py``, ``tests/lade2d/reference/test_lade_oracle.py``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 from transformers import DynamicCache, PreTrainedModel
 
-from vllm_lookahead.experimental.lade import verify_greedy as _verify
-from vllm_lookahead.experimental.lade_layout import build_step_layout
-from vllm_lookahead.experimental.lade_pool import LadeNGramPool as NGramPool
+from vllm_lookahead.lade2d.lade import verify_greedy as _verify
+from vllm_lookahead.lade2d.lade_layout import build_step_layout
+from vllm_lookahead.lade2d.lade_pool import LadeNGramPool as NGramPool
 
 from .model import cache_len, forward_rows, keep_cache_rows, vocab_size
 
@@ -177,7 +177,7 @@ def lade_generate(
     ``POOL_FROM_PROMPT``; on by default here, off by default in LADE).  ``seed`` drives the random
     initial window (LADE copies random prompt tokens), so runs are reproducible.
 
-    ``prefill_window=False`` is the variant vLLM can run (``experimental.lade.LadeState``): the prefill carries
+    ``prefill_window=False`` is the variant vLLM can run (``lade2d.lade.LadeState``): the prefill carries
     the prompt only, and level 0 enters at the first decode step, which therefore verifies nothing and
     costs one more forward than LADE.  Step for step, the vLLM 2D path must commit what this does.
 

@@ -3,8 +3,8 @@
 See docs/reference.md.  Greedy only, batch size 1, exact in float32.
 """
 
-from vllm_lookahead.experimental.lade_layout import StepLayout, build_step_layout
-from vllm_lookahead.experimental.lade_pool import LadeNGramPool as NGramPool
+from vllm_lookahead.lade2d.lade_layout import StepLayout, build_step_layout
+from vllm_lookahead.lade2d.lade_pool import LadeNGramPool as NGramPool
 
 from .decoder import (
     LadeResult,
