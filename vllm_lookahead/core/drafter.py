@@ -122,10 +122,10 @@ class LookaheadDrafter:
         # (mode, guard key, start of the step, the ids of its rows)
         self._guard_last: tuple[str, tuple[int, bool], float, set[str]] | None = None
 
-    def step(self, req_ids: list[str], tokens: np.ndarray, num_tokens: np.ndarray,
-                    new_tokens: list[list[int]], verified: Sequence[int] | np.ndarray, prompt_lens: np.ndarray,
-                    key_of: Callable[[str], Hashable], room: Sequence[int] | None = None,
-                    temperature_of: Callable[[str], float | None] | None = None) -> list[list[int]]:
+    def step(self, req_ids: list[str], tokens: np.ndarray, num_tokens: np.ndarray, new_tokens: list[list[int]],
+             verified: Sequence[int] | np.ndarray, prompt_lens: np.ndarray, key_of: Callable[[str], Hashable],
+             room: Sequence[int] | None = None,
+             temperature_of: Callable[[str], float | None] | None = None) -> list[list[int]]:
         """The next drafts of the engine's batch, in row order, from the batch as the engine holds it: row
         ``i`` is request ``req_ids[i]`` with committed tokens ``tokens[i, :num_tokens[i]]``
         (the runner's token array, read in place), ``new_tokens[i]`` sampled this step (vLLM's list;
@@ -164,7 +164,6 @@ class LookaheadDrafter:
         out_tok, out_cell, out_pc, out_meta = out  # out_meta: length, source, count, fresh output from, to
         params, fparams = self._params
         params[2] = memory.room() if memory is not None else -1
-        params[11] = 1
         fparams[2] = floor
         tables = memory.packed_tables() if memory is not None else _NO_MEMORY
         fresh, kept = kern.chain_step(tokens, num_tokens, rowdata, b.ints, b.floats, b.lastk, b.last_p, b.stats,
@@ -184,6 +183,7 @@ class LookaheadDrafter:
                 _, kept = kern.chain_step(tokens, num_tokens, rowdata, b.ints, b.floats, b.lastk, b.last_p, b.stats,
                                           table.arrays, *memory.packed_tables(), params, fparams, *self._scratch,
                                           out_tok, out_cell, out_pc, out_meta)
+                params[11] = 1
                 meta = out_meta.tolist()
         counts = meta[2] if kept else self._keep_within_budget(rowdata[0], floor)
         if room is not None:  # the verified counts tell the next step's bookkeeping what was really drafted

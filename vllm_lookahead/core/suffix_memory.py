@@ -144,26 +144,16 @@ class SuffixMemory:
         steps (a whole segment at a time), so most steps are one call."""
         if self.max_tokens == 0:
             return
-        depth, n = self.depth, len(los)
-        if counted:
-            added = 0
-            for i, (lo, hi) in enumerate(zip(los, his)):
-                if hi > lo:
-                    new = news[i] if news is not None and len(news[i]) == hi - lo else tokens[i, lo:hi].tolist()
-                    self._segment(seg_ids[i], keys[i]).extend(new)
-                    added += hi - lo
-            self.tokens += added
-            self._used_bound += depth * added
-            return
-        kids, bases = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-        lo_a, hi_a = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)  # the entries to count next
-        pending, room = 0, self.room()  # (pending: their new tokens)
+        depth = self.depth
+        # the entries to count next (rows: key id, context base, from, to); none when counted already
+        marks = None if counted else np.zeros((4, len(los)), dtype=np.int64)
+        pending, room = 0, (float("inf") if counted else self.room())  # (pending: their new tokens)
         for i, (lo, hi) in enumerate(zip(los, his)):
             if hi <= lo:
                 continue
             alone = pending + hi - lo > room  # this entry grows the tables first or evicts after it
             if alone:
-                self._flush(kids, tokens, bases, lo_a, hi_a, pending)  # (a rebuild reads the segments)
+                self._flush(marks, tokens, pending)  # (a rebuild reads the segments: counted first)
                 pending = 0
                 grow = depth * (hi - lo)  # at most this many new nodes, and as many new children
                 if 2 * (self._used_bound + grow) > len(self._nk):  # keep the load <= 1/2
@@ -172,26 +162,28 @@ class SuffixMemory:
                         self._rebuild(grow)
                         self._used_bound = self._used_slots()
             toks = self._segment(seg_ids[i], keys[i])
-            kids[i], bases[i] = self.kid_for(keys[i]), lo - min(len(toks), depth, lo - floors[i])
-            lo_a[i], hi_a[i] = lo, hi
+            if marks is not None:
+                marks[:, i] = self.kid_for(keys[i]), lo - min(len(toks), depth, lo - floors[i]), lo, hi
             toks.extend(news[i] if news is not None and len(news[i]) == hi - lo else tokens[i, lo:hi].tolist())
             pending += hi - lo
             if alone:
-                self._flush(kids, tokens, bases, lo_a, hi_a, pending)
+                self._flush(marks, tokens, pending)
                 pending = 0
                 while self.tokens > self.max_tokens and self._segments:  # counted first: eviction subtracts it
                     self._evict_oldest()
                 room = self.room()
-        self._flush(kids, tokens, bases, lo_a, hi_a, pending)
+        self._flush(marks, tokens, pending)
 
-    def _flush(self, kids: np.ndarray, tokens: np.ndarray, bases: np.ndarray, los: np.ndarray, his: np.ndarray,
-               new: int) -> None:
-        """``add``: count the ``new`` tokens of the entries marked in ``los``/``his``, book them, unmark."""
+    def _flush(self, marks: np.ndarray | None, tokens: np.ndarray, new: int) -> None:
+        """``add``: count the ``new`` tokens of the entries ``marks`` holds (None: counted already), book
+        them, and unmark the entries."""
         if new:
-            load_kernels().memory_count(*self.packed_tables(), kids, tokens, bases, los, his, self.depth, 1)
+            if marks is not None:
+                load_kernels().memory_count(*self.packed_tables(), marks[0], tokens, marks[1], marks[2], marks[3],
+                                            self.depth, 1)
+                marks[3] = marks[2]
             self.tokens += new
             self._used_bound += self.depth * new
-            his[:] = los
 
     def kid_for(self, key: Hashable) -> int:
         """The integer an isolation key's hashes mix in, assigned now if the key is new."""
