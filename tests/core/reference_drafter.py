@@ -4,12 +4,15 @@ floor: what a step drafts for every row, from the same inputs.  The output memor
 itself (its look-ups are checked against brute force in test_chain.py); everything else -- crediting a
 verified draft to the acceptance table and the request's history, the context match with its evidence,
 scoring and choosing a candidate, extending it from the memory, the floor cut and the batch budget -- is
-written out here."""
+written out here.  And ``step_rows``: the tests' batches, one ``RowStep`` per request, given to the compiled
+drafter's ``step``."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from vllm_lookahead.core.acceptance import (
     AGREE,
@@ -23,8 +26,24 @@ from vllm_lookahead.core.acceptance import (
     sampler_class,
 )
 from vllm_lookahead.core.config import LookaheadConfig
+from vllm_lookahead.core.drafter import LookaheadDrafter, RowStep
 from vllm_lookahead.core.kernels import HISTORY_PRIOR
 from vllm_lookahead.core.suffix_memory import SuffixMemory
+
+
+def step_rows(drafter: LookaheadDrafter, rows: list[RowStep]) -> list[list[int]]:
+    """``drafter.step`` for one ``RowStep`` per running request: their contexts copied into one token array,
+    as the engine's runner holds them."""
+    n = len(rows)
+    tokens = np.zeros((n, max([r.num_tokens for r in rows] + [1])), dtype=np.int32)
+    for i, r in enumerate(rows):
+        tokens[i, : r.num_tokens] = np.asarray(r.context[: r.num_tokens], dtype=np.int32)
+    keys = {r.req_id: r.isolation_key for r in rows}
+    temperatures = {r.req_id: r.temperature for r in rows}
+    return drafter.step([r.req_id for r in rows], tokens, np.array([r.num_tokens for r in rows], dtype=np.int32),
+                        [list(r.new_tokens) for r in rows], [r.verified for r in rows],
+                        np.array([r.prompt_len for r in rows], dtype=np.int32), keys.__getitem__,
+                        temperature_of=temperatures.__getitem__)
 
 
 def suffix_match_evidence(toks: list[int], min_match: int, max_match: int) -> tuple[int, int, int]:
@@ -111,7 +130,7 @@ class ReferenceDrafter:
             rq.seen = n
         lo = max(rq.memory_seen if rq.memory_seen > rq.prompt_len else rq.prompt_len, rq.start)
         if self.memory is not None and n > lo:
-            self.memory.extend(rid, rq.key, tokens[lo:n])
+            self.memory.add([rid], [rq.key], np.asarray([tokens[:n]], dtype=np.int32), [lo], [n], [rq.start])
         rq.memory_seen = n
         d = min(len(last), verified)
         if new and d:

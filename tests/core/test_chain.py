@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference_drafter import ReferenceDrafter, agreement, suffix_match_evidence
+from reference_drafter import ReferenceDrafter, agreement, step_rows, suffix_match_evidence
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadDrafter, RowStep
 from vllm_lookahead.core.config import LookaheadConfigError
@@ -22,6 +22,11 @@ pytestmark = pytest.mark.unit
 
 
 # ----------------------------------------------------------------------------- output memory
+def add_one(mem: SuffixMemory, seg: object, key: object, row: list[int], lo: int = 0, floor: int = 0) -> None:
+    """``mem.add`` of one entry: ``row[lo:]`` appended to segment ``seg``, ``row[floor:lo]`` its earlier tokens."""
+    mem.add([seg], [key], np.asarray([row], dtype=np.int32), [lo], [len(row)], [floor])
+
+
 def brute_next(segments: list[list[int]], context: list[int], depth: int) -> tuple[int | None, int]:
     """Most frequent next token after the longest suffix of ``context`` (<= depth) seen in segments."""
     for m in range(min(depth, len(context)), 0, -1):
@@ -40,8 +45,8 @@ def brute_next(segments: list[list[int]], context: list[int], depth: int) -> tup
 def test_memory_longest_match_and_most_frequent_continuation(segs, ctx, depth):
     mem = SuffixMemory(10_000, depth)
     for i, s in enumerate(segs):
-        mem.extend(i, "k", s[:3])  # in pieces, as the engine adds committed tokens
-        mem.extend(i, "k", s[3:])
+        add_one(mem, i, "k", s[:3])  # in pieces, as the engine adds committed tokens
+        add_one(mem, i, "k", s, min(3, len(s)))
     toks, probs, matched = mem.lookup("k", ctx, 1)
     want, want_m = brute_next(segs, ctx, depth)
     assert matched == want_m
@@ -60,9 +65,9 @@ def test_memory_longest_match_and_most_frequent_continuation(segs, ctx, depth):
        depth=st.integers(1, 6), max_tokens=st.integers(1, 120))
 def test_memory_with_eviction_matches_the_surviving_outputs(segs, ctxs, depth, max_tokens):
     """Counts subtracted on eviction (a node's most frequent child re-found when it loses counts), tables
-    rebuilt as they fill: after every extend, lookups answer exactly as the surviving outputs say."""
+    rebuilt as they fill: after every ``add``, lookups answer exactly as the surviving outputs say -- the
+    segment's tokens alone in the row, or after a 3-token "prompt" with the new tokens given as a list."""
     mem = SuffixMemory(max_tokens, depth)
-    # counted from a request's token buffer (after a 3-token "prompt")
     fast = SuffixMemory(max_tokens, depth)
     alive: OrderedDict[int, list[int]] = OrderedDict()  # reference: FIFO by tokens, as documented
     for i, s in enumerate(segs):
@@ -70,11 +75,10 @@ def test_memory_with_eviction_matches_the_surviving_outputs(segs, ctxs, depth, m
         for piece in (s[:5], s[5:]):  # in pieces, as the engine adds committed tokens
             if not piece:
                 continue
-            mem.extend(i, "k", piece)
+            add_one(mem, i, "k", tokens[3:] + piece, len(tokens) - 3)
             tokens = tokens + piece
-            fast.extend_slots(np.asarray([tokens], dtype=np.int32), np.array([0]), np.array([fast.kid_for("k")]),
-                              np.array([len(tokens) - len(piece)]), np.array([len(tokens)]), np.array([0]),
-                              [i], ["k"], [piece])
+            fast.add([i], ["k"], np.asarray([tokens], dtype=np.int32), [len(tokens) - len(piece)], [len(tokens)], [0],
+                     [piece])
             alive.setdefault(i, []).extend(piece)
             while sum(map(len, alive.values())) > max_tokens:
                 alive.popitem(last=False)
@@ -100,12 +104,12 @@ def test_memory_with_eviction_matches_the_surviving_outputs(segs, ctxs, depth, m
 @given(steps=st.lists(st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(0, 4), min_size=0, max_size=6)),
                                 min_size=1, max_size=6), min_size=1, max_size=12),
        depth=st.integers(1, 5), max_tokens=st.integers(1, 80))
-def test_memory_rows_in_one_call_count_as_one_extend_per_row(steps, depth, max_tokens):
-    """``extend_slots`` (the drafter's path when the memory evicts or grows: the rows of a step counted
-    from the engine's token rows, in one kernel call up to each eviction or rebuild) stores exactly what
-    one ``extend`` per row does: same tokens, same live contexts, same look-ups -- across table rebuilds
-    and evictions (small ``max_tokens``), with a request's tokens arriving over several steps and
-    several keys, and the new tokens given as a list or read from the rows."""
+def test_memory_rows_in_one_call_count_as_one_add_per_row(steps, depth, max_tokens):
+    """``add`` of a whole step's rows (counted from the engine's token rows, in one kernel call up to each
+    eviction or rebuild) stores exactly what one ``add`` per row does: same tokens, same live contexts,
+    same look-ups -- across table rebuilds and evictions (small ``max_tokens``), with a request's tokens
+    arriving over several steps and several keys, rows with nothing new among them, and the new tokens
+    given as a list or read from the rows."""
     one, rows = SuffixMemory(max_tokens, depth), SuffixMemory(max_tokens, depth)
     committed: dict[int, list[int]] = {}
     for step in steps:
@@ -117,18 +121,14 @@ def test_memory_rows_in_one_call_count_as_one_extend_per_row(steps, depth, max_t
             toks = committed.setdefault(req, [3])  # a one-token prompt, then output
             lo = len(toks)
             toks.extend(new)
-            one.extend(req, req % 2, new)
-            if new:
-                batch.append((req, req % 2, list(toks), lo))
-        if batch:
-            width = max(len(b[2]) for b in batch)
-            grid = np.full((len(batch), width), -1, dtype=np.int32)
-            for r, (_, _, toks, _) in enumerate(batch):
-                grid[r, : len(toks)] = toks
-            rows.extend_slots(grid, np.arange(len(batch)), np.array([rows.kid_for(b[1]) for b in batch]),
-                              np.array([b[3] for b in batch]), np.array([len(b[2]) for b in batch]),
-                              np.zeros(len(batch), dtype=np.int64), [b[0] for b in batch], [b[1] for b in batch],
-                              [b[2][b[3]:] if b[0] % 3 else [] for b in batch])
+            add_one(one, req, req % 2, toks, lo)
+            batch.append((req, req % 2, list(toks), lo))
+        width = max(len(b[2]) for b in batch)
+        grid = np.full((len(batch), width), -1, dtype=np.int32)
+        for r, (_, _, toks, _) in enumerate(batch):
+            grid[r, : len(toks)] = toks
+        rows.add([b[0] for b in batch], [b[1] for b in batch], grid, [b[3] for b in batch], [len(b[2]) for b in batch],
+                 [0] * len(batch), [b[2][b[3]:] if b[0] % 3 else [] for b in batch])
         assert len(one) == len(rows) and one.num_contexts() == rows.num_contexts()
         for key in (0, 1):
             for ctx in ([0], [1, 2], [4, 4, 4], [2, 0, 1, 3]):
@@ -137,24 +137,24 @@ def test_memory_rows_in_one_call_count_as_one_extend_per_row(steps, depth, max_t
 
 def test_memory_eviction_re_finds_the_most_frequent_child():
     mem = SuffixMemory(max_tokens=12, depth=1)
-    mem.extend("old", None, [5, 6, 5, 6, 5, 6])  # after 5: 6 three times
-    mem.extend("new", None, [5, 7, 5, 7, 5, 8])  # after 5: 7 twice, 8 once
+    add_one(mem, "old", None, [5, 6, 5, 6, 5, 6])  # after 5: 6 three times
+    add_one(mem, "new", None, [5, 7, 5, 7, 5, 8])  # after 5: 7 twice, 8 once
     assert mem.lookup(None, [5], 1)[0] == [6]
-    mem.extend("newer", None, [1])  # 13 tokens: the old output goes, and the 6s with it
+    add_one(mem, "newer", None, [1])  # 13 tokens: the old output goes, and the 6s with it
     assert mem.lookup(None, [5], 1) == ([7], [pytest.approx(2 / 4)], 1)
 
 
 def test_memory_is_bounded_by_tokens_and_evicts_oldest_first():
     mem = SuffixMemory(max_tokens=20, depth=3)
-    mem.extend("old", None, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    add_one(mem, "old", None, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
     assert mem.lookup(None, [1, 2], 3)[0] == [3, 4, 5]
     for i in range(3):
-        mem.extend(f"new{i}", None, [50 + i] * 8)
+        add_one(mem, f"new{i}", None, [50 + i] * 8)
     assert len(mem) <= 20
     assert mem.lookup(None, [1, 2], 3) == ([], [], 0)  # the oldest output is gone, counts and all
     fresh = SuffixMemory(max_tokens=20, depth=3)  # the survivors alone: no context of the old output is left
     for i in range(3):
-        fresh.extend(f"new{i}", None, [50 + i] * 8)
+        add_one(fresh, f"new{i}", None, [50 + i] * 8)
     assert mem.num_contexts() == fresh.num_contexts()
     mem.forget("new2")
     assert mem.lookup(None, [52, 52], 2)[0] == []
@@ -166,9 +166,12 @@ def test_memory_tables_stay_at_most_half_full_while_growing():
     count, or the open-addressing tables could fill up (and a probe never end)."""
     rng = random.Random(3)
     mem = SuffixMemory(max_tokens=1000, depth=4)  # starts at the smallest tables; evicts past 1000 tokens
-    sizes = set()
+    sizes, segs = set(), {}
     for i in range(400):  # random tokens: nearly every context is new, so the tables grow and rebuild
-        mem.extend(f"r{i % 97}", None, [rng.randrange(50_000) for _ in range(rng.randint(1, 9))])
+        seg = segs.setdefault(f"r{i % 97}", [])
+        lo = len(seg)
+        seg.extend(rng.randrange(50_000) for _ in range(rng.randint(1, 9)))
+        add_one(mem, f"r{i % 97}", None, seg, lo)
         used = mem._used_slots()
         assert mem._used_bound >= used
         assert 2 * used <= len(mem._nk)
@@ -180,7 +183,7 @@ def test_memory_isolation_key_separates_tenants():
     """Outputs stored under one isolation key never draft for another -- in the memory and through the
     drafter, where the key comes from the request (LoRA adapter / tenant)."""
     mem = SuffixMemory(1000, 4)
-    mem.extend("a", ("lora1", None), [5, 6, 7, 8, 9])
+    add_one(mem, "a", ("lora1", None), [5, 6, 7, 8, 9])
     assert mem.lookup(("lora1", None), [5, 6], 3)[0] == [7, 8, 9]
     assert mem.lookup(("lora2", None), [5, 6], 3) == ([], [], 0)
     assert mem.lookup((None, None), [5, 6], 3) == ([], [], 0)
@@ -190,14 +193,14 @@ def test_memory_isolation_key_separates_tenants():
     ctx = prompt[:]
     for t in [10, 11, 12, 13, 14, 15]:  # tenant A's request generates 10..15
         ctx = ctx + [t]
-        d.step([RowStep("a", ctx, len(ctx), [t], prompt_len=len(prompt), isolation_key=(None, "A"))])
+        step_rows(d, [RowStep("a", ctx, len(ctx), [t], prompt_len=len(prompt), isolation_key=(None, "A"))])
     other = [700, 701, 10, 11]  # another request ends on A's output 10 11; its own context cannot match
-    same = d.step([RowStep("b", other, 4, [11], prompt_len=3, isolation_key=(None, "A"))])
+    same = step_rows(d, [RowStep("b", other, 4, [11], prompt_len=3, isolation_key=(None, "A"))])
     assert same[0][:1] == [12]
-    foreign = d.step([RowStep("c", other, 4, [11], prompt_len=3, isolation_key=(None, "B"))])
+    foreign = step_rows(d, [RowStep("c", other, 4, [11], prompt_len=3, isolation_key=(None, "B"))])
     assert foreign == [[]]
     # prompts are never stored: a request ending on A's prompt tokens gets nothing from them
-    assert d.step([RowStep("e", [1, 900, 901], 3, [901], prompt_len=2, isolation_key=(None, "A"))]) == [[]]
+    assert step_rows(d, [RowStep("e", [1, 900, 901], 3, [901], prompt_len=2, isolation_key=(None, "A"))]) == [[]]
 
 
 # ----------------------------------------------------------------------------- the drafter
@@ -249,7 +252,7 @@ def test_chain_policy_cuts_each_draft_at_its_commit_probability_floor():
 
     def draft(**kw) -> list[int]:
         d = LookaheadDrafter(LookaheadConfig(**kw), 4)
-        return d.step([RowStep("r", ctx, len(ctx), [8], prompt_len=11)])[0]
+        return step_rows(d, [RowStep("r", ctx, len(ctx), [8], prompt_len=11)])[0]
 
     full = draft(chain_min_p=0.0)
     assert full == [9, 10, 11, 12]
@@ -260,7 +263,7 @@ def test_chain_policy_cuts_each_draft_at_its_commit_probability_floor():
     busy = LookaheadDrafter(LookaheadConfig(chain_min_p=0.0, chain_busy_min_p=0.99,
                                             batch_size_threshold=16), 4)
     rows = [RowStep(f"r{i}", ctx, len(ctx), [8], prompt_len=11) for i in range(20)]
-    assert busy.step(rows) == [[]] * 20
+    assert step_rows(busy, rows) == [[]] * 20
 
 
 def test_sampler_classes_learn_their_own_acceptance():
@@ -280,10 +283,10 @@ def test_sampler_classes_learn_their_own_acceptance():
             dr = drafts[rid]
             news[rid] = (dr + [c[len(c) - 8 + len(dr)]]) if rid == "g" else [c[len(c) - 8]]  # all / none accepted
             c += news[rid]
-        out = d.step([RowStep(rid, c, len(c), news[rid], len(drafts[rid]), prompt_len=len(ctx),
+        out = step_rows(d, [RowStep(rid, c, len(c), news[rid], len(drafts[rid]), prompt_len=len(ctx),
                               temperature=temps[rid]) for rid, c in rows.items()])
         drafts = dict(zip(rows, out))
-    new = d.step([RowStep(rid, ctx, len(ctx), [8], prompt_len=len(ctx) - 1, temperature=temps[rid])
+    new = step_rows(d, [RowStep(rid, ctx, len(ctx), [8], prompt_len=len(ctx) - 1, temperature=temps[rid])
                   for rid in ("g2", "t2")])
     assert new[0] == [9, 10, 11, 12]
     assert len(new[1]) < 4, new
@@ -308,7 +311,7 @@ def test_drafts_that_do_not_pay_for_a_drafting_step_are_dropped():
             d.row_price.observe(1, drafts, 3, 0.003 + 0.0001 * (1 + drafts) + (switch_s if drafts else 0.0))
         assert d.row_price.switch_price(1) == pytest.approx(switch_s * d.row_price.summary()["1"]["tokens_per_s"],
                                                             rel=0.05)
-        return d.step([RowStep("r", ctx, len(ctx), [8], prompt_len=11)])[0]
+        return step_rows(d, [RowStep("r", ctx, len(ctx), [8], prompt_len=11)])[0]
 
     assert first_draft(0.0001) == [9, 10, 11, 12]
     assert first_draft(0.01) == []
@@ -336,10 +339,10 @@ def test_memory_agreeing_with_the_context_raises_the_estimate():
         d = LookaheadDrafter(LookaheadConfig(chain_min_p=0.0), 4)
         out = [40, 41, *memory_output]
         for n in range(1, len(out) + 1):  # an earlier request whose output the memory keeps
-            d.step([RowStep("m", [1, 2, *out], 2 + n, [out[n - 1]], prompt_len=2)])
+            step_rows(d, [RowStep("m", [1, 2, *out], 2 + n, [out[n - 1]], prompt_len=2)])
         d.forget("m")
         ctx = [5, 6, 7, 8, 9, 10, 11, 12, 30, 31, 5, 6, 7, 8]
-        draft = d.step([RowStep("r", ctx, len(ctx), [8], prompt_len=13)])[0]
+        draft = step_rows(d, [RowStep("r", ctx, len(ctx), [8], prompt_len=13)])[0]
         return draft, float(d.batch.last_p[d.batch.active["r"], 0])
 
     agree_draft, agree = first_estimate([7, 8, 9, 10, 11])
@@ -399,9 +402,9 @@ def test_chain_floor_rises_with_the_batch():
     assert all(a <= b for a, b in zip(floors, floors[1:])) and 0.05 < floors[7] < 0.4
     ctx = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8]
     kw = dict(chain_min_p=0.0, chain_busy_min_p=0.99, batch_size_threshold=16)
-    alone = LookaheadDrafter(LookaheadConfig(**kw), 4).step([RowStep("r", ctx, len(ctx), [8], prompt_len=11)])[0]
+    alone = step_rows(LookaheadDrafter(LookaheadConfig(**kw), 4), [RowStep("r", ctx, len(ctx), [8], prompt_len=11)])[0]
     rows = [RowStep(f"r{i}", ctx, len(ctx), [8], prompt_len=11) for i in range(8)]
-    mid = LookaheadDrafter(LookaheadConfig(**kw), 4).step(rows)
+    mid = step_rows(LookaheadDrafter(LookaheadConfig(**kw), 4), rows)
     assert alone == [9, 10, 11, 12] and all(len(m) < len(alone) and m == alone[: len(m)] for m in mid)
 
 
@@ -423,7 +426,7 @@ def test_the_busy_floor_left_unset_is_chosen_by_k():
 
     def drafts(**kw) -> list[list[int]]:  # 16 rows: the busy floor, below the measured guard's reach
         rows = [RowStep(f"r{i}", ctx, len(ctx), [8], prompt_len=11) for i in range(16)]
-        return LookaheadDrafter(LookaheadConfig(**kw), 8).step(rows)
+        return step_rows(LookaheadDrafter(LookaheadConfig(**kw), 8), rows)
 
     long, short = drafts(chain_busy_min_p=0.05), drafts()
     assert all(d == [9, 10, 11, 12, 5, 6, 7, 8] for d in long)
@@ -437,15 +440,15 @@ def test_guard_off_steps_skip_the_upkeep_and_lose_nothing():
     mode = ["chain"]
     d._guard = lambda live, counts, sampled=False: mode[0]  # fault injection: the guard's verdict, not its timing, is under test
     ctx = [900, 901]
-    d.step([RowStep("r", ctx, 2, [901], prompt_len=1)])
+    step_rows(d, [RowStep("r", ctx, 2, [901], prompt_len=1)])
     seen = int(d.batch.seen[d.batch.active["r"]])
     mode[0] = "off"
     for t in [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]:  # committed while off: a period the context can match later
         ctx = ctx + [t]
-        assert d.step([RowStep("r", ctx, len(ctx), [t], prompt_len=1)]) == [[]]
+        assert step_rows(d, [RowStep("r", ctx, len(ctx), [t], prompt_len=1)]) == [[]]
     assert int(d.batch.seen[d.batch.active["r"]]) == seen  # untouched while off
     mode[0] = "chain"
-    assert d.step([RowStep("r", ctx, len(ctx), [3], prompt_len=1)]) == [[4, 5, 6, 7]]
+    assert step_rows(d, [RowStep("r", ctx, len(ctx), [3], prompt_len=1)]) == [[4, 5, 6, 7]]
     assert int(d.batch.seen[d.batch.active["r"]]) == len(ctx)
     assert len(d.memory) == len(ctx) - 1  # every output token, the off period's included (not the prompt)
 
@@ -472,7 +475,7 @@ def test_proposer_isolation_key_from_lora_and_tenant():
 def test_proposer_drafts_no_more_than_a_request_can_still_commit():
     """``draft_room``: a request ``r`` tokens short of ``max_tokens`` can use ``r - 1`` drafts (a step
     commits its accepted drafts plus one), at most k; no ``max_tokens``, or a request the runner does not
-    know: k.  ``step_arrays`` cuts the drafts there and its measured rows count only what it drafted."""
+    know: k.  ``step`` cuts the drafts there and its measured rows count only what it drafted."""
     from types import SimpleNamespace as NS
 
     from vllm_lookahead.vllm.requests import draft_room
@@ -487,7 +490,7 @@ def test_proposer_drafts_no_more_than_a_request_can_still_commit():
     tokens = np.array([ctx, ctx], dtype=np.int32)
     args = (["p", "q"], tokens, np.array([12, 12]), [[8], [8]], np.array([0, 0]), np.array([11, 11]),
             lambda rid: None)
-    assert d.step_arrays(*args, room=[4, 1]) == [[9, 10, 11, 12], [9]]
+    assert d.step(*args, room=[4, 1]) == [[9, 10, 11, 12], [9]]
     assert d.last_budget == 5
 
 
@@ -498,15 +501,16 @@ def _replay(kind: str, seed: int, batch: int = 8, steps: int = 100, shrink: bool
             **cfg) -> list:
     """Random decoding over a 12-token vocabulary (contexts and memory match often), a random prefix
     of every draft accepted, three tenants, a request replaced by a new one now and then.  ``kind``:
-    "arrays" runs the engine's way (``step_arrays`` on a padded token array), "rows" through ``step``
-    (``RowStep``s), "reference" the plain-Python reference drafter.  ``shrink``: now and then only some
+    "arrays" runs the compiled drafter (``step`` on a token array padded with zeros and a spare row),
+    "stale" the same with random tokens in the padding (what a runner's token array holds past a row's
+    committed tokens), "reference" the plain-Python reference drafter.  ``shrink``: now and then only some
     rows run (the others wait, as if preempted), down to a single row.  Returns every step's drafts."""
     config = LookaheadConfig(**cfg)
     d = ReferenceDrafter(config, 4) if kind == "reference" else LookaheadDrafter(config, 4)
     if kind != "reference":
         tick = iter(range(10**9))
         d.clock = lambda: 0.01 * next(tick)  # the same step times in every run
-    rng = random.Random(seed)
+    rng, stale = random.Random(seed), np.random.default_rng(seed)
     ctxs = [[rng.randrange(12) for _ in range(rng.randint(3, 40))] for _ in range(batch)]
     plen = [len(c) for c in ctxs]
     ids = [f"r{i}" for i in range(batch)]
@@ -517,17 +521,14 @@ def _replay(kind: str, seed: int, batch: int = 8, steps: int = 100, shrink: bool
         return REPLAY_TEMPERATURES[int(rid[1:]) % len(REPLAY_TEMPERATURES)]
 
     def step(run: list[int]) -> list[list[int]]:
-        if kind == "arrays":
-            tokens = np.zeros((len(run) + 1, max(len(ctxs[i]) for i in run) + 3), dtype=np.int32)
+        if kind != "reference":
+            shape = (len(run) + 1, max(len(ctxs[i]) for i in run) + 3)
+            tokens = np.zeros(shape, dtype=np.int32) if kind == "arrays" else stale.integers(0, 12, shape, dtype=np.int32)
             for r, i in enumerate(run):
                 tokens[r, : len(ctxs[i])] = ctxs[i]
-            return d.step_arrays([ids[i] for i in run], tokens, np.array([len(ctxs[i]) for i in run]),
-                                 [news[i] for i in run], np.array([ver[i] for i in run]),
-                                 np.array([plen[i] for i in run]), lambda rid: int(rid[1:]) % 3,
-                                 temperature_of=temperature_of)
-        if kind == "rows":
-            return d.step([RowStep(ids[i], np.array(ctxs[i]), len(ctxs[i]), news[i], ver[i], plen[i],
-                                   isolation_key=int(ids[i][1:]) % 3, temperature=temperature_of(ids[i])) for i in run])
+            return d.step([ids[i] for i in run], tokens, np.array([len(ctxs[i]) for i in run]), [news[i] for i in run],
+                          np.array([ver[i] for i in run]), np.array([plen[i] for i in run]), lambda rid: int(rid[1:]) % 3,
+                          temperature_of=temperature_of)
         return d.step([(ids[i], ctxs[i], news[i], ver[i], plen[i], int(ids[i][1:]) % 3, temperature_of(ids[i]))
                        for i in run])
 
@@ -571,8 +572,9 @@ def test_compiled_drafter_drafts_exactly_what_the_reference_drafts(cfg, shrink):
 
 
 @pytest.mark.parametrize("cfg", [{}, {"memory_tokens": 60}, {"guard_batch_size": 2}])
-def test_row_steps_draft_exactly_what_the_engine_arrays_draft(cfg):
-    """``step`` (one ``RowStep`` per request) is ``step_arrays`` on the same rows: the same drafts, the
-    measured floor and the busy-batch guard ("off" included) in use."""
+def test_drafts_read_only_the_committed_tokens_of_their_rows(cfg):
+    """``step`` reads row ``i`` of the token array only up to ``num_tokens[i]``: stale tokens past a row's
+    committed ones (and in rows past the batch) change no draft -- the measured floor and the busy-batch
+    guard ("off" included) in use."""
     for seed in range(2):
-        assert _replay("rows", seed, shrink=True, **cfg) == _replay("arrays", seed, shrink=True, **cfg)
+        assert _replay("stale", seed, shrink=True, **cfg) == _replay("arrays", seed, shrink=True, **cfg)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_drafter import step_rows
 
 from vllm_lookahead.core import LookaheadConfig, LookaheadConfigError, LookaheadDrafter, RowStep
 from vllm_lookahead.core import drafter as drafter_module
@@ -152,8 +153,8 @@ def test_state_keyed_by_request_id_across_reordering():
     d = LookaheadDrafter(cfg, 3)
     a = [1, 2, 3, 1, 2, 3, 1, 2]
     b = [9, 8, 7, 9, 8, 7, 9, 8]
-    d.step([RowStep("a", a, len(a), [2], prompt_len=7), RowStep("b", b, len(b), [8], prompt_len=7)])
-    drafts = d.step([RowStep("b", b + [7], 9, [7]), RowStep("a", a + [3], 9, [3])])
+    step_rows(d, [RowStep("a", a, len(a), [2], prompt_len=7), RowStep("b", b, len(b), [8], prompt_len=7)])
+    drafts = step_rows(d, [RowStep("b", b + [7], 9, [7]), RowStep("a", a + [3], 9, [3])])
     assert drafts[0][:2] == [9, 8] and drafts[1][:2] == [1, 2]
 
 
@@ -161,13 +162,13 @@ def test_finished_requests_are_pruned_and_bounded(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(drafter_module, "MAX_DORMANT_REQUESTS", 2)
     d = LookaheadDrafter(LookaheadConfig(), 2)
     for i in range(10):
-        d.step([RowStep(f"r{i}", [1, 2, 3], 3, [3], prompt_len=2)])
+        step_rows(d, [RowStep(f"r{i}", [1, 2, 3], 3, [3], prompt_len=2)])
     assert len(d.batch.active) == 1 and len(d.batch.dormant) <= 2
 
 
 def test_prefill_rows_get_no_draft():
     d = LookaheadDrafter(LookaheadConfig(), 4)
-    assert d.step([RowStep("r", [1, 2, 1, 2], 4, [], prompt_len=8)]) == [[]]
+    assert step_rows(d, [RowStep("r", [1, 2, 1, 2], 4, [], prompt_len=8)]) == [[]]
 
 
 _PERIOD = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -187,7 +188,7 @@ def _guarded_run(step_cost, steps: int = 200, batch: int = 32, truth=_periodic,
     now = [0.0]
     d.clock = lambda: now[0]
     ctxs = [[truth(i, j) for j in range(24)] for i in range(batch)]
-    drafts = d.step([RowStep(f"r{i}", c, len(c), [c[-1]], prompt_len=23, temperature=temperature)
+    drafts = step_rows(d, [RowStep(f"r{i}", c, len(c), [c[-1]], prompt_len=23, temperature=temperature)
                      for i, c in enumerate(ctxs)])
     made = []
     for _ in range(steps):
@@ -206,7 +207,7 @@ def _guarded_run(step_cost, steps: int = 200, batch: int = 32, truth=_periodic,
             new.append(truth(i, len(c)))
             c.append(new[-1])
             rows.append(RowStep(f"r{i}", c, len(c), new, len(dr), 23, temperature=temperature))
-        drafts = d.step(rows)
+        drafts = step_rows(d, rows)
     return made
 
 
@@ -228,9 +229,9 @@ def test_busy_batch_guard_stops_drafting_where_plain_decoding_is_faster():
     tick = iter(range(1, 10**6))
     d.clock = lambda: 0.01 * next(tick)
     rows = [RowStep(f"r{i}", [1, 2, 3], 3, [3], prompt_len=2) for i in range(20)]
-    d.step(rows)
-    d.step(rows + [RowStep("new", [1, 2, 3], 3, [3], prompt_len=2)])
-    d.step(rows[:5] + [RowStep(f"r{i}", [1, 2, 3], 3, [], prompt_len=2) for i in range(5, 20)])
+    step_rows(d, rows)
+    step_rows(d, rows + [RowStep("new", [1, 2, 3], 3, [3], prompt_len=2)])
+    step_rows(d, rows[:5] + [RowStep(f"r{i}", [1, 2, 3], 3, [], prompt_len=2) for i in range(5, 20)])
     assert sum(s["steps"] for s in d.guards[(32, False)].summary().values()) == 0
 
 

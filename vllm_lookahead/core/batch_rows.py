@@ -7,7 +7,7 @@ the engine's token rows are read in place, and a step is one compiled call (``ke
 observe, count the new output into the memory, draft, keep the drafts) taking a few packed arrays.
 What is left per row in Python is appending the new output to the memory's segment (the memory evicts
 whole segments: it keeps their tokens) and slicing the draft list vLLM wants; a step whose output makes
-the memory evict or grow goes on with ``SuffixMemory.extend_slots`` and ``kernels.propose_slots``.
+the memory evict or grow has the memory count it (``SuffixMemory.add``) and ``chain_step`` called again.
 """
 
 from __future__ import annotations

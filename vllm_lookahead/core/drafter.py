@@ -1,8 +1,7 @@
 """The lookahead drafter: per-request drafting state in slot arrays, one compiled call per engine step.
 
 Pure Python/numpy plus numba kernels (core/kernels.py), testable without vLLM;
-``vllm_lookahead.vllm.proposer`` feeds it the runner's arrays each step (``step_arrays``); ``step`` takes
-one ``RowStep`` per request (simulations, tests) and runs the same code.  Per step and request: the last
+``vllm_lookahead.vllm.proposer`` feeds it the runner's arrays each step (``step``).  Per step and request: the last
 draft's verification is credited to the acceptance table and the request's history, the new output
 enters the engine-wide output memory, and the best candidate of the two sources -- the context match
 (prompt lookup over prompt + output) and the output memory -- is drafted while its estimated commit
@@ -31,7 +30,8 @@ from .suffix_memory import SuffixMemory
 
 @dataclass(slots=True)
 class RowStep:
-    """What the engine tells the drafter about one running request after a forward pass (``step``)."""
+    """One running request after a forward pass, as a record: the 2D layout's rows (vllm/proposer.py), and
+    the tests' way to write a batch for ``LookaheadDrafter.step`` (tests/core/reference_drafter.py)."""
 
     req_id: str
     context: np.ndarray | list[int]  # committed tokens; at least num_tokens long
@@ -74,7 +74,7 @@ def compile_kernels() -> None:
             ctx = [1, 2, 3, 1, 2, 3, 1, 2]
             tokens = np.asarray([ctx + [1, 2, 3], ctx + [1, 2, 3]], dtype=np.int32)
             for end, new in ((6, [3]), (9, [3]), (11, [1, 2])):
-                warm.step_arrays(["a0", "a1"], tokens, np.array([end, end], dtype=np.int32), [new, new], [1, 1],
+                warm.step(["a0", "a1"], tokens, np.array([end, end], dtype=np.int32), [new, new], [1, 1],
                                  np.array([2, 2], dtype=np.int32), lambda rid: None)
         load_kernels().drafted_surplus(np.zeros((1, 2)), np.zeros(1, dtype=np.int64), 0.0)
     except BaseException:  # e.g. numba missing: the next drafter reports it again
@@ -101,18 +101,13 @@ class LookaheadDrafter:
             self.memory.on_evict = self.batch.segment_gone
         self._outputs: tuple[np.ndarray, ...] | None = None  # the kernels' outputs, reused while n is the same
         depth, k = cfg.memory_depth, self.k
-        # the kernels' scratch, by type (kernels.chain_step takes these three and slices them) ...
-        self._scratch_packed = (np.zeros(2 * depth + 2 * k + 1, dtype=np.int32), np.zeros(k, dtype=np.int64),
-                                np.zeros(2 * k + 1, dtype=np.float64))
-        i32, i64, f64 = self._scratch_packed
-        # ... and as kernels.propose_slots takes it: memory walk (context + draft, probabilities), tail, one
-        # candidate (tokens, cells, p_cum)
-        self._scratch = (i32[: depth + k + 1], f64[: k + 1], i32[depth + k + 1 : 2 * depth + k + 1],
-                         i32[2 * depth + k + 1 :], i64, f64[k + 1 :])
-        # kernels.chain_step's settings: max_prompt_index, depth, room (set per step), k, min_match, max_match,
-        # max_total, ctx0, mem0, depths, class_cells; weight, cap, floor (set per step)
+        # the kernels' scratch, by type (kernels.chain_step takes these three and slices them)
+        self._scratch = (np.zeros(2 * depth + 2 * k + 1, dtype=np.int32), np.zeros(k, dtype=np.int64),
+                         np.zeros(2 * k + 1, dtype=np.float64))
+        # kernels.chain_step's settings: max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0,
+        # mem0, depths, class_cells, observe; weight, cap, floor (room, observe and floor set per step)
         self._params = (np.array([cfg.max_prompt_index_tokens, depth, -1, k, cfg.min_match, cfg.max_match,
-                                  cfg.max_batch_draft_tokens, CTX0, MEM0, DEPTHS, CLASS_CELLS], dtype=np.int64),
+                                  cfg.max_batch_draft_tokens, CTX0, MEM0, DEPTHS, CLASS_CELLS, 1], dtype=np.int64),
                         np.array([self.table.weight, self.table.cap, 0.0], dtype=np.float64))
         self.clock = time.perf_counter  # replaceable in tests
         # with measured_floor: the price of a draft row per batch-size bucket, from the engine's own steps;
@@ -127,28 +122,12 @@ class LookaheadDrafter:
         # (mode, guard key, start of the step, the ids of its rows)
         self._guard_last: tuple[str, tuple[int, bool], float, set[str]] | None = None
 
-    def step(self, rows: list[RowStep]) -> list[list[int]]:
-        """``step_arrays`` for one ``RowStep`` per running request (simulations and tests): the next drafts,
-        in row order."""
-        n = len(rows)
-        if n == 0:
-            return []
-        tokens = np.zeros((n, max(max(r.num_tokens for r in rows), 1)), dtype=np.int32)
-        for i, r in enumerate(rows):
-            tokens[i, : r.num_tokens] = np.asarray(r.context[: r.num_tokens], dtype=np.int32)
-        keys = {r.req_id: r.isolation_key for r in rows}
-        temperatures = {r.req_id: r.temperature for r in rows}
-        return self.step_arrays([r.req_id for r in rows], tokens, np.array([r.num_tokens for r in rows], dtype=np.int32),
-                                [list(r.new_tokens) for r in rows], [r.verified for r in rows],
-                                np.array([r.prompt_len for r in rows], dtype=np.int32), keys.__getitem__,
-                                temperature_of=temperatures.__getitem__)
-
-    def step_arrays(self, req_ids: list[str], tokens: np.ndarray, num_tokens: np.ndarray,
-                    new_tokens: list[list[int]], verified: Sequence[int] | np.ndarray, prompt_lens: np.ndarray,
-                    key_of: Callable[[str], Hashable], room: Sequence[int] | None = None,
-                    temperature_of: Callable[[str], float | None] | None = None) -> list[list[int]]:
-        """``step`` for the engine's batch as it holds it, without a ``RowStep`` per row (``batch_path``
-        steps only): row ``i`` is request ``req_ids[i]`` with committed tokens ``tokens[i, :num_tokens[i]]``
+    def step(self, req_ids: list[str], tokens: np.ndarray, num_tokens: np.ndarray, new_tokens: list[list[int]],
+             verified: Sequence[int] | np.ndarray, prompt_lens: np.ndarray, key_of: Callable[[str], Hashable],
+             room: Sequence[int] | None = None,
+             temperature_of: Callable[[str], float | None] | None = None) -> list[list[int]]:
+        """The next drafts of the engine's batch, in row order, from the batch as the engine holds it: row
+        ``i`` is request ``req_ids[i]`` with committed tokens ``tokens[i, :num_tokens[i]]``
         (the runner's token array, read in place), ``new_tokens[i]`` sampled this step (vLLM's list;
         [] while prefilling), ``verified[i]`` draft tokens verified, a prompt of ``prompt_lens[i]``
         tokens; ``key_of(req_id)`` gives a request's isolation key, asked once per request; ``room[i]``
@@ -156,7 +135,7 @@ class LookaheadDrafter:
         ``draft_room``) -- a draft is cut there, and the step's measured rows count only what was drafted;
         ``temperature_of(req_id)`` (optional; else greedy) a request's sampling temperature, asked once per
         request: its drafts are estimated with its sampler class's cells of the acceptance table.
-        Why arrays: core/batch_rows.py."""
+        Why arrays, and one compiled call (``kernels.chain_step``): core/batch_rows.py."""
         b, n = self.batch, len(req_ids)
         if n == 0:
             return []
@@ -170,7 +149,7 @@ class LookaheadDrafter:
             b.last_len[slots] = 0
             b.last_src[slots] = 0
             return [[] for _ in req_ids]
-        kern, table, memory, cfg, k = load_kernels(), self.table, self.memory, self.cfg, self.k
+        kern, table, memory, k = load_kernels(), self.table, self.memory, self.k
         rowdata = np.array((slots_l, new_counts, verified), dtype=np.int64)
         if self._floors_version != self.row_price.version:  # a bucket's measured price changed
             self._floors.clear()
@@ -186,19 +165,26 @@ class LookaheadDrafter:
         params, fparams = self._params
         params[2] = memory.room() if memory is not None else -1
         fparams[2] = floor
+        tables = memory.packed_tables() if memory is not None else _NO_MEMORY
         fresh, kept = kern.chain_step(tokens, num_tokens, rowdata, b.ints, b.floats, b.lastk, b.last_p, b.stats,
-                                      table.arrays, *(memory.packed_tables() if memory is not None else _NO_MEMORY),
-                                      params, fparams, *self._scratch_packed, out_tok, out_cell, out_pc, out_meta)
+                                      table.arrays, *tables, params, fparams, *self._scratch, out_tok, out_cell,
+                                      out_pc, out_meta)
         meta = out_meta.tolist()
-        if memory is not None and fresh > 0:  # counted in chain_step: into the segments only
-            memory.append_outputs(tokens, req_ids, b.keys, slots_l, new_tokens, meta[3], meta[4])
-        elif memory is not None and fresh < 0:  # an eviction or a rebuild on the way: row by row, then draft
-            self._memory_rows(tokens, num_tokens, rowdata, req_ids, slots_l, new_tokens, meta, floor)
-            meta = out_meta.tolist()
-            kept = sum(meta[2]) <= cfg.max_batch_draft_tokens
-            if kept:
-                kern.keep_drafts(rowdata[0], out_meta[2], out_tok, out_cell, out_pc, out_meta[1], b.last_len,
-                                 b.last_tok, b.last_cells, b.last_p, b.last_src)
+        if memory is not None and fresh != 0:
+            # counted in chain_step: into the segments only; or an eviction or a rebuild on the way (-1): the
+            # memory counts them, then chain_step drafts (not observing the step again)
+            keys = [b.keys[s] for s in slots_l]
+            memory.add(req_ids, keys, tokens, meta[3], meta[4], b.start[rowdata[0]], new_tokens, counted=fresh > 0)
+            if fresh < 0:
+                for r, (lo, hi) in enumerate(zip(meta[3], meta[4])):
+                    if hi > lo:
+                        b.seglen[slots_l[r]] = memory.segment_length(req_ids[r])
+                params[2], params[11] = -1, 0
+                _, kept = kern.chain_step(tokens, num_tokens, rowdata, b.ints, b.floats, b.lastk, b.last_p, b.stats,
+                                          table.arrays, *memory.packed_tables(), params, fparams, *self._scratch,
+                                          out_tok, out_cell, out_pc, out_meta)
+                params[11] = 1
+                meta = out_meta.tolist()
         counts = meta[2] if kept else self._keep_within_budget(rowdata[0], floor)
         if room is not None:  # the verified counts tell the next step's bookkeeping what was really drafted
             counts = [min(c, r) for c, r in zip(counts, room)]
@@ -214,7 +200,7 @@ class LookaheadDrafter:
     def _slots_for(self, req_ids: list[str], new_counts: list[int], prompt_lens: np.ndarray,
                    key_of: Callable[[str], Hashable],
                    temperature_of: Callable[[str], float | None] | None) -> tuple[str, list[int], set[str]]:
-        """``step_arrays``' bookkeeping: the guard's mode for this step, each row's slot (-1: not taken in,
+        """``step``'s bookkeeping: the guard's mode for this step, each row's slot (-1: not taken in,
         in an "off" step) and the set of request ids.  A steady batch -- the same requests in the same rows
         as the last step -- reuses that step's slots; otherwise the requests that left are retired and the
         new rows admitted (``_admit``)."""
@@ -252,7 +238,7 @@ class LookaheadDrafter:
         return load_kernels().drafted_surplus(self._outputs[2], counts_a, floor) >= switch  # type: ignore[index]
 
     def _keep_within_budget(self, slots: np.ndarray, floor: float) -> list[int]:
-        """``step_arrays`` when the drafts exceed ``max_batch_draft_tokens``: the most probable draft
+        """``step`` when the drafts exceed ``max_batch_draft_tokens``: the most probable draft
         tokens of the whole batch (``threshold_allocate``), kept for the next step; returns each row's count."""
         b, k = self.batch, self.k
         out_tok, out_cell, out_pc, out_meta = self._outputs  # type: ignore[misc]
@@ -263,27 +249,6 @@ class LookaheadDrafter:
         load_kernels().keep_drafts(slots, alloc, out_tok, out_cell, out_pc, out_meta[1], b.last_len, b.last_tok,
                                    b.last_cells, b.last_p, b.last_src)
         return alloc.tolist()
-
-    def _memory_rows(self, tokens: np.ndarray, num_tokens: np.ndarray, rowdata: np.ndarray, req_ids: list[str],
-                     slots_l: list[int], new_tokens: list[list[int]], meta: list[list[int]], floor: float) -> None:
-        """``step_arrays`` when the step's new output makes the memory evict or grow: counted with
-        ``SuffixMemory.extend_slots`` (the row-by-row semantics), then every row drafted
-        (``kernels.propose_slots``) -- ``chain_step`` stopped after observing."""
-        b, memory, cfg, k = self.batch, self.memory, self.cfg, self.k
-        assert memory is not None
-        rl = [r for r, (lo, hi) in enumerate(zip(meta[3], meta[4])) if hi > lo]
-        rows, slots = np.array(rl, dtype=np.int64), rowdata[0]
-        memory.extend_slots(tokens, rows, b.kid[slots[rows]], np.array([meta[3][r] for r in rl], dtype=np.int64),
-                            np.array([meta[4][r] for r in rl], dtype=np.int64), b.start[slots[rows]],
-                            [req_ids[r] for r in rl], [b.keys[slots_l[r]] for r in rl], [new_tokens[r] for r in rl])
-        for r in rl:
-            b.seglen[slots_l[r]] = memory.segment_length(req_ids[r])
-        out_tok, out_cell, out_pc, out_meta = self._outputs  # type: ignore[misc]
-        sc = self._scratch
-        load_kernels().propose_slots(tokens, slots, num_tokens, rowdata[1], b.start, b.kid, b.hist_a, b.hist_e,
-                                     b.toff, self.table.p_array, CLASS_CELLS, k, cfg.min_match, cfg.max_match, *memory.lookup_tables(),
-                                     floor, CTX0, MEM0, DEPTHS, sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], out_tok,
-                                     out_cell, out_pc, out_meta[0], out_meta[1], out_meta[2])
 
     def _admit(self, req_ids: list[str], slots: list[int], prompt_lens: np.ndarray,
                key_of: Callable[[str], Hashable], classes: list[int] | None) -> None:

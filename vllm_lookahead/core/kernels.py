@@ -108,51 +108,59 @@ def _slot(keys, h):
 
 
 @compiled
-def memory_add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kid, arr, base, start, end, depth, sign):
-    """Count (``sign`` +1) or uncount (-1) every (context, next token) pair for the tokens
-    ``arr[start:end]``; ``arr[base:start]`` are the segment's tokens before them (contexts never reach
-    before ``base``).  ``meta``: [live nodes, used node slots, used child slots]."""
-    for i in range(start, end):
-        t = arr[i]
-        h = _mix(_SEED, kid)
-        for m in range(1, min(i - base, depth) + 1):
-            h = _mix(h, arr[i - m])
-            key = h | _TWO  # never 0 (the empty marker)
-            s = _slot(nk, key)
-            if nk[s] == _EMPTY:
-                nk[s] = key
-                ntot[s] = 0
-                nbest[s] = t
-                nbestc[s] = 0
-                nfirst[s] = -1
-                meta[1] += 1
-            if ntot[s] == 0 and sign > 0:
-                meta[0] += 1
-            ntot[s] += sign
-            if ntot[s] == 0:
-                meta[0] -= 1
-            ckey = _mix(key, t) | _TWO
-            j = _slot(ck, ckey)
-            if ck[j] == _EMPTY:
-                ck[j] = ckey
-                cc[j] = 0
-                ctok[j] = t
-                cnext[j] = nfirst[s]  # the node's children, newest first
-                nfirst[s] = j
-                meta[2] += 1
-            cc[j] += sign
-            if sign > 0:
-                if cc[j] > nbestc[s]:
+def memory_count(nk, nodes, ck, children, meta, kids, tokens, bases, los, his, depth, sign):
+    """Count (``sign`` +1) or uncount (-1) every (context, next token) pair of the output memory's new
+    tokens (core/suffix_memory.py): entry ``i`` the tokens ``tokens[i, los[i]:his[i]]`` (none if empty)
+    under the isolation key id ``kids[i]``, ``tokens[i, bases[i]:los[i]]`` being its segment's tokens
+    before them (contexts never reach before ``bases[i]``).  The tables as ``SuffixMemory.packed_tables``
+    gives them; ``meta``: [live nodes, used node slots, used child slots].  The memory's one counting
+    kernel: ``SuffixMemory.add`` and its evictions and rebuilds call it, ``chain_step`` inside its call
+    (why one call for many entries: a call unboxes its arguments every time, a few microseconds)."""
+    ntot, nbest, nbestc, nfirst = nodes[0], nodes[1], nodes[2], nodes[3]
+    cc, ctok, cnext = children[0], children[1], children[2]
+    for r in range(len(kids)):
+        arr, base = tokens[r], bases[r]
+        for i in range(los[r], his[r]):
+            t = arr[i]
+            h = _mix(_SEED, kids[r])
+            for m in range(1, min(i - base, depth) + 1):
+                h = _mix(h, arr[i - m])
+                key = h | _TWO  # never 0 (the empty marker)
+                s = _slot(nk, key)
+                if nk[s] == _EMPTY:
+                    nk[s] = key
+                    ntot[s] = 0
                     nbest[s] = t
+                    nbestc[s] = 0
+                    nfirst[s] = -1
+                    meta[1] += 1
+                if ntot[s] == 0 and sign > 0:
+                    meta[0] += 1
+                ntot[s] += sign
+                if ntot[s] == 0:
+                    meta[0] -= 1
+                ckey = _mix(key, t) | _TWO
+                j = _slot(ck, ckey)
+                if ck[j] == _EMPTY:
+                    ck[j] = ckey
+                    cc[j] = 0
+                    ctok[j] = t
+                    cnext[j] = nfirst[s]  # the node's children, newest first
+                    nfirst[s] = j
+                    meta[2] += 1
+                cc[j] += sign
+                if sign > 0:
+                    if cc[j] > nbestc[s]:
+                        nbest[s] = t
+                        nbestc[s] = cc[j]
+                elif nbest[s] == t:  # the most frequent child lost a count: compare the children again
                     nbestc[s] = cc[j]
-            elif nbest[s] == t:  # the most frequent child lost a count: compare the children again
-                nbestc[s] = cc[j]
-                c = nfirst[s]
-                while c >= 0:
-                    if cc[c] >= nbestc[s]:  # ties: the oldest child (the list runs newest first)
-                        nbest[s] = ctok[c]
-                        nbestc[s] = cc[c]
-                    c = cnext[c]
+                    c = nfirst[s]
+                    while c >= 0:
+                        if cc[c] >= nbestc[s]:  # ties: the oldest child (the list runs newest first)
+                            nbest[s] = ctok[c]
+                            nbestc[s] = cc[c]
+                        c = cnext[c]
 
 
 @compiled
@@ -208,17 +216,6 @@ def memory_lookup(nk, ntot, nbest, nbestc, kid, ctx, n_ctx, depth, max_tokens, m
         if node < 0:
             break
     return out, matched, n
-
-
-@compiled
-def memory_add_rows(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kids, arr, bases, starts, ends, depth,
-                    sign):
-    """``memory_add`` for many segments in one call (one per request row of a step): row ``r`` counts
-    ``arr[starts[r]:ends[r]]`` after ``arr[bases[r]:starts[r]]`` under ``kids[r]``.  Why one call: a
-    kernel call unboxes its 17 arguments every time (a few microseconds), per row per step otherwise."""
-    for r in range(len(kids)):
-        memory_add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kids[r], arr, bases[r], starts[r],
-                   ends[r], depth, sign)
 
 
 # the sources and agreement blocks as numbers (core/acceptance.py defines the buckets; the reference drafter
@@ -343,9 +340,9 @@ def _propose_one(r, ctx, n, kid, h_a, h_e, p, k, min_match, max_match, nk, ntot,
 
 # ---------------------------------------------------------------- the engine's batch, in slot arrays
 # ``core.batch_rows.BatchRows`` keeps the drafter's per-request state in arrays indexed by a slot per
-# request; these kernels do a whole step's per-row work on them (``LookaheadDrafter.step_arrays``;
-# ``chain_step`` all of it in one call, the others where a step needs Python in between).  The reference
-# drafter of the tests (tests/core/reference_drafter.py) does the same in plain Python.
+# request; ``chain_step`` does a whole step's per-row work on them in one call (``LookaheadDrafter.step``),
+# the others are its parts.  The reference drafter of the tests (tests/core/reference_drafter.py) does the
+# same in plain Python.
 
 
 @compiled
@@ -400,16 +397,6 @@ def observe_rows(slots, num_tokens, n_new, verified, max_prompt_index, s_start, 
 
 
 @compiled
-def memory_add_slots(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kids, tokens, rows, bases, starts,
-                     ends, depth, sign):
-    """``memory_add_rows`` reading the engine's token rows in place: entry ``i`` counts
-    ``tokens[rows[i], starts[i]:ends[i]]`` after ``tokens[rows[i], bases[i]:starts[i]]`` under ``kids[i]``."""
-    for i in range(len(rows)):
-        memory_add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, kids[i], tokens[rows[i]], bases[i],
-                   starts[i], ends[i], depth, sign)
-
-
-@compiled
 def propose_slots(tokens, slots, num_tokens, n_new, s_start, s_kid, s_hist_a, s_hist_e, s_toff, p, class_cells, k,
                   min_match, max_match, nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail,
                   cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count):
@@ -459,11 +446,11 @@ def keep_drafts(slots, counts, out_tok, out_cell, out_pc, out_src, s_last_len, s
 @compiled
 def chain_step(tokens, num_tokens, rowdata, ints, floats, lastk, last_p, stats, table, nk, nodes, ck, children, meta,
                params, fparams, scr_i32, scr_i64, scr_f64, out_tok, out_cell, out_pc, out_meta):
-    """A whole batch-path step in one call, when nothing in it needs Python: ``observe_rows``; the new
-    output counted into the memory if it fits the room it has (new tokens it takes without evicting or
-    growing its tables; -1: no memory) -- each row's contexts reaching back ``seglen`` tokens into its
-    segment, as ``SuffixMemory.extend_slots`` does; ``propose_slots``; and ``keep_drafts`` if the drafts
-    fit the batch's budget.
+    """A whole drafter step (``LookaheadDrafter.step``) in one call: ``observe_rows``; the new output
+    counted into the memory (``memory_count``) if it fits the room it has (new tokens it takes without
+    evicting or growing its tables; -1: no memory, or counted already) -- each row's contexts reaching
+    back ``seglen`` tokens into its segment, as ``SuffixMemory.add`` does; ``propose_slots``; and
+    ``keep_drafts`` if the drafts fit the batch's budget.
 
     Why one call, and so few arguments: right after a forward pass the caches are cold, and there every
     numpy operation and every kernel call costs 10-40 us (a call's argument checks grow with its
@@ -471,24 +458,23 @@ def chain_step(tokens, num_tokens, rowdata, ints, floats, lastk, last_p, stats, 
     So the state comes packed: ``rowdata`` (slots, new token counts, verified drafts per row), the
     slots' fields (``core.batch_rows.BatchRows``: ``ints``, ``floats``, ``lastk``, ``last_p``, ``stats``),
     the acceptance table's four rows, the memory's tables (``SuffixMemory.packed_tables``), ``params``
-    (max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths, class_cells), ``fparams``
-    (weight, cap, floor), scratch by type; outputs ``out_tok``/``out_cell``/``out_pc`` and ``out_meta``
-    (rows: length, source, count above the floor, fresh output from, to).
+    (max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths, class_cells,
+    observe), ``fparams`` (weight, cap, floor), scratch by type; outputs ``out_tok``/``out_cell``/``out_pc``
+    and ``out_meta`` (rows: length, source, count above the floor, fresh output from, to).
 
     Returns (new output tokens counted, or -1 when they do not fit: then nothing after ``observe_rows``
-    ran, and the caller goes on with ``SuffixMemory.extend_slots``, ``propose_slots`` and
-    ``keep_drafts``; whether ``keep_drafts`` ran -- not when the drafts exceed the budget)."""
+    ran, and the caller counts them with ``SuffixMemory.add`` and calls again with ``observe`` 0 and room
+    -1, which drafts from the fresh output ``out_meta`` still holds; whether ``keep_drafts`` ran -- not
+    when the drafts exceed the budget)."""
     slots, n_new, verified = rowdata[0], rowdata[1], rowdata[2]
     s_start, s_seen, s_memseen, s_plen, s_kid, s_seglen, s_last_len, s_last_src, s_toff = (
         ints[0], ints[1], ints[2], ints[3], ints[4], ints[5], ints[6], ints[7], ints[8])
     s_hist_a, s_hist_e = floats[0], floats[1]
     s_last_tok, s_last_cells = lastk[0], lastk[1]
     ev, acc, p, prior = table[0], table[1], table[2], table[3]
-    ntot, nbest, nbestc, nfirst = nodes[0], nodes[1], nodes[2], nodes[3]
-    cc, ctok, cnext = children[0], children[1], children[2]
-    max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths, class_cells = (
+    max_prompt_index, depth, room, k, min_match, max_match, max_total, ctx0, mem0, depths, class_cells, observe = (
         params[0], params[1], params[2], params[3], params[4], params[5], params[6], params[7], params[8], params[9],
-        params[10])
+        params[10], params[11])
     weight, cap, floor = fparams[0], fparams[1], fparams[2]
     out_len, out_src, out_count, fresh_lo, fresh_hi = out_meta[0], out_meta[1], out_meta[2], out_meta[3], out_meta[4]
     scratch = scr_i32[: depth + k + 1]
@@ -496,26 +482,27 @@ def chain_step(tokens, num_tokens, rowdata, ints, floats, lastk, last_p, stats, 
     cand_t = scr_i32[2 * depth + k + 1 : 2 * depth + 2 * k + 1]
     probs, cand_p = scr_f64[: k + 1], scr_f64[k + 1 : 2 * k + 1]
     cand_c = scr_i64[:k]
-    observe_rows(slots, num_tokens, n_new, verified, max_prompt_index, s_start, s_seen, s_memseen, s_plen, s_last_len,
-                 s_last_cells, last_p, s_last_src, s_hist_a, s_hist_e, stats, ev, acc, p, prior, weight,
-                 cap, fresh_lo, fresh_hi)
+    if observe:
+        observe_rows(slots, num_tokens, n_new, verified, max_prompt_index, s_start, s_seen, s_memseen, s_plen,
+                     s_last_len, s_last_cells, last_p, s_last_src, s_hist_a, s_hist_e, stats, ev, acc, p, prior, weight,
+                     cap, fresh_lo, fresh_hi)
     fresh = 0
     if room >= 0:
-        for r in range(len(slots)):
+        n = len(slots)
+        for r in range(n):
             fresh += fresh_hi[r] - fresh_lo[r]
         if fresh > room:
             return -1, False
-        for r in range(len(slots)):
-            lo, hi = fresh_lo[r], fresh_hi[r]
-            if hi > lo:
-                s = slots[r]
-                base = lo - min(s_seglen[s], depth, lo - s_start[s])
-                memory_add(nk, ntot, nbest, nbestc, nfirst, ck, cc, ctok, cnext, meta, s_kid[s], tokens[r], base, lo,
-                           hi, depth, 1)
-                s_seglen[s] += hi - lo
+        kids, bases = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        for r in range(n):
+            s, lo = slots[r], fresh_lo[r]
+            kids[r] = s_kid[s]
+            bases[r] = lo - min(s_seglen[s], depth, lo - s_start[s])
+            s_seglen[s] += fresh_hi[r] - lo
+        memory_count(nk, nodes, ck, children, meta, kids, tokens, bases, fresh_lo, fresh_hi, depth, 1)
     propose_slots(tokens, slots, num_tokens, n_new, s_start, s_kid, s_hist_a, s_hist_e, s_toff, p, class_cells, k,
-                  min_match, max_match, nk, ntot, nbest, nbestc, depth, floor, ctx0, mem0, depths, scratch, probs, tail,
-                  cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count)
+                  min_match, max_match, nk, nodes[0], nodes[1], nodes[2], depth, floor, ctx0, mem0, depths, scratch,
+                  probs, tail, cand_t, cand_c, cand_p, out_tok, out_cell, out_pc, out_len, out_src, out_count)
     total = 0
     for r in range(len(slots)):
         total += out_count[r]

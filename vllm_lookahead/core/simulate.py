@@ -11,18 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+
+import numpy as np
 
 from .config import LookaheadConfig
-from .drafter import LookaheadDrafter, RowStep
+from .drafter import LookaheadDrafter
 
 Verify = Callable[[Sequence[int], Sequence[int]], Sequence[int]]
-
-
-class Drafter(Protocol):
-    """Anything that turns one engine step per row into next drafts (LookaheadDrafter's shape)."""
-
-    def step(self, rows: list[RowStep]) -> list[list[int]]: ...
 
 
 @dataclass
@@ -39,8 +34,13 @@ class SimResult:
 
 def simulate(verify: Verify, prompt: Sequence[int], max_new_tokens: int, k: int,
              cfg: LookaheadConfig | None = None, eos: int | None = None,
-             drafter: Drafter | None = None, req_id: str = "r0") -> SimResult:
+             drafter: LookaheadDrafter | None = None, req_id: str = "r0") -> SimResult:
     drafter = drafter or LookaheadDrafter(cfg or LookaheadConfig(), k)
+
+    def step(new: list[int], verified: int) -> list[int]:
+        return drafter.step([req_id], np.asarray([ctx], dtype=np.int32), np.array([len(ctx)], dtype=np.int32), [new], [verified],
+                            np.array([len(prompt)]), lambda _: None)[0]
+
     ctx = list(prompt)
     out: list[int] = []
     steps = drafted = accepted = 0
@@ -49,7 +49,7 @@ def simulate(verify: Verify, prompt: Sequence[int], max_new_tokens: int, k: int,
     steps += 1
     ctx.append(first)
     out.append(first)
-    draft = drafter.step([RowStep(req_id, ctx, len(ctx), [first], 0, len(prompt))])[0]
+    draft = step([first], 0)
     while len(out) < max_new_tokens and (eos is None or out[-1] != eos):
         draft = draft[: max(0, max_new_tokens - len(out) - 1)]
         argmax = [int(t) for t in verify(ctx, draft)]
@@ -64,7 +64,7 @@ def simulate(verify: Verify, prompt: Sequence[int], max_new_tokens: int, k: int,
         accepted += a
         ctx.extend(new)
         out.extend(new)
-        draft = drafter.step([RowStep(req_id, ctx, len(ctx), list(new), len(draft), len(prompt))])[0]
+        draft = step(list(new), len(draft))
         if len(draft) > k:
             raise AssertionError(f"drafter proposed {len(draft)} > k={k} tokens")
     return SimResult(out[:max_new_tokens], steps, drafted, accepted)

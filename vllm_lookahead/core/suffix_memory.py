@@ -60,8 +60,8 @@ class SuffixMemory:
         # segment id -> [isolation key, tokens]
         self._segments: OrderedDict[Hashable, list] = OrderedDict()
         self.tokens = 0
-        # called with a segment's id when it is evicted or forgotten (the drafter's batch path keeps
-        # each running request's segment length: core/batch_rows.py)
+        # called with a segment's id when it is evicted or forgotten (the drafter keeps each running
+        # request's segment length: core/batch_rows.py)
         self.on_evict: Callable[[Hashable], None] | None = None
         self._probs = np.empty(16, dtype=np.float64)  # lookup scratch: probabilities, context + draft
         self._scratch = np.empty(depth + 16, dtype=np.int32)
@@ -75,7 +75,7 @@ class SuffixMemory:
     def _alloc(self, slots: int) -> None:
         i32 = np.int32  # counts stay below max_tokens (<= 1e8), slots and token ids below 2**31
         self._nk = np.zeros(slots, dtype=np.uint64)  # node keys (0 = empty slot)
-        # node fields as the rows of one array (the batch step passes it as one argument: core/batch_rows.py)
+        # node fields as the rows of one array (the kernels take it as one argument: kernels.chain_step)
         self._nodes = np.zeros((4, slots), dtype=i32)
         self._ntot = self._nodes[0]  # times the context was followed by a token
         self._nbest = self._nodes[1]  # its most frequent next token ...
@@ -89,9 +89,6 @@ class SuffixMemory:
         self._cnext = self._children[2]  # the next (older) child of the same node
         self._cnext[:] = -1
         self._meta = np.zeros(3, dtype=np.int64)  # live nodes, used node slots, used child slots
-        # the arguments every count passes to the kernel, bound once (17 attribute reads per call otherwise)
-        self._tables = (self._nk, self._ntot, self._nbest, self._nbestc, self._nfirst, self._ck, self._cc,
-                        self._ctok, self._cnext, self._meta)
         self._used_bound = 0  # >= used node and child slots (meta[1:]), kept in Python: read meta rarely
 
     def __len__(self) -> int:
@@ -102,18 +99,16 @@ class SuffixMemory:
         """Stored contexts (suffix-tree nodes) that some stored output still follows, all keys."""
         return int(self._meta[0])
 
-    def lookup_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-        """What a compiled look-up reads (``kernels.memory_lookup``): node keys, totals, most frequent next
-        token and its count, and the depth.  Valid until the next extend (a rebuild replaces them)."""
-        return self._nk, self._ntot, self._nbest, self._nbestc, self.depth
-
     def packed_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The tables as ``kernels.chain_step`` takes them: node keys, node fields (4 rows), child keys,
-        child fields (3 rows), meta; valid until the next rebuild."""
+        """The tables as the kernels take them (``kernels.memory_count``, ``kernels.chain_step``): node
+        keys, node fields (4 rows), child keys, child fields (3 rows), meta; valid until the next rebuild."""
         return self._nk, self._nodes, self._ck, self._children, self._meta
 
-    def _count(self, kid: int, arr: np.ndarray, base: int, start: int, end: int, sign: int) -> None:
-        load_kernels().memory_add(*self._tables, kid, arr, base, start, end, self.depth, sign)
+    def _count_segment(self, key: Hashable, toks: list[int], sign: int) -> None:
+        """Count (``sign`` +1) or uncount (-1) a whole stored segment: a rebuild, an eviction."""
+        one, zero = np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+        load_kernels().memory_count(*self.packed_tables(), self._kids[key] * one, np.asarray([toks], dtype=np.int32),
+                                    zero, zero, len(toks) * one, self.depth, sign)
 
     def _used_slots(self) -> int:
         """Node or child slots in use, whichever is more (the kernel's counts; entries are never freed
@@ -129,41 +124,66 @@ class SuffixMemory:
             slots <<= 1
         self._alloc(slots)
         for key, toks in self._segments.values():
-            self._count(self._kids[key], np.asarray(toks, dtype=np.int32), 0, 0, len(toks), 1)
+            self._count_segment(key, toks, 1)
 
-    def extend(self, seg_id: Hashable, key: Hashable, new_tokens: Sequence[int]) -> None:
-        """Append ``new_tokens`` to the output segment ``seg_id`` (created on first use) under ``key``."""
-        if self.max_tokens == 0 or not len(new_tokens):
-            return
-        new = new_tokens if isinstance(new_tokens, list) else [int(t) for t in new_tokens]
-        entry = self._segments.get(seg_id)
-        prev = entry[1][-self.depth :] if entry else []
-        seq = prev + new  # the segment's last `depth` tokens give the new tokens their contexts
-        self._extend_row(np.asarray(seq, dtype=np.int32), seg_id, key, seq, 0, len(prev))
+    def add(self, seg_ids: Sequence[Hashable], keys: Sequence[Hashable], tokens: np.ndarray, los: Sequence[int],
+            his: Sequence[int], floors: Sequence[int], news: Sequence[Sequence[int]] | None = None,
+            counted: bool = False) -> None:
+        """Store new output: entry ``i`` appends ``tokens[i, los[i]:his[i]]`` (nothing if empty) to the
+        segment ``seg_ids[i]`` (created on first use) under the isolation key ``keys[i]``.  ``tokens[i]``
+        holds the segment's earlier tokens right before ``los[i]``, from ``floors[i]`` on (a request's
+        token row: its output follows its prompt), and the new tokens' contexts reach back over at most
+        ``depth`` of them.  ``news[i]``: the same tokens as a list where it is as long (vLLM's sampled
+        tokens: saves converting them).  ``counted``: ``kernels.chain_step`` counted them already (within
+        ``room()``): into the segments and the token budget only.
 
-    def _extend_row(self, flat: np.ndarray, seg_id: Hashable, key: Hashable, tokens: list[int], off: int,
-                    lo: int) -> None:
-        """``extend(seg_id, key, tokens[lo:])``, where ``flat[off:off + len(tokens)]`` (int32) holds the same
-        tokens as ``tokens`` and the segment so far ends with ``tokens[:lo]`` (e.g. a request's token row):
-        counted straight from that array.  Tables grown before, the oldest segments evicted after, as the
-        token budget requires (a rebuild reads the segments: their tokens are all counted by then)."""
-        if self.max_tokens == 0 or lo >= len(tokens):
+        The memory's one way in.  The same counts, evictions and rebuilds as one entry at a time -- the
+        tables grown before an entry that would fill them past half, the oldest segments evicted after
+        one that takes the memory past ``max_tokens`` -- in one kernel call (``kernels.memory_count``)
+        for the entries between two such points: once the memory is full an eviction comes every few
+        steps (a whole segment at a time), so most steps are one call."""
+        if self.max_tokens == 0:
             return
-        grow = self.depth * (len(tokens) - lo)  # at most this many new nodes, and as many new children
-        if 2 * (self._used_bound + grow) > len(self._nk):  # keep the load <= 1/2
-            self._used_bound = self._used_slots()  # the bound drifts up: re-read
-            if 2 * (self._used_bound + grow) > len(self._nk):
-                self._rebuild(grow)
-                self._used_bound = self._used_slots()
-        toks = self._segment(seg_id, key)
-        row = np.array(((self.kid_for(key),), (off + lo - min(len(toks), self.depth, lo),), (off + lo,),
-                        (off + len(tokens),)), dtype=np.int64)
-        toks.extend(tokens[lo:])
-        self._used_bound += grow
-        self.tokens += len(tokens) - lo
-        load_kernels().memory_add_rows(*self._tables, row[0], flat, row[1], row[2], row[3], self.depth, 1)
-        while self.tokens > self.max_tokens and self._segments:  # counted first: eviction subtracts it
-            self._evict_oldest()
+        depth = self.depth
+        # the entries to count next (rows: key id, context base, from, to); none when counted already
+        marks = None if counted else np.zeros((4, len(los)), dtype=np.int64)
+        pending, room = 0, (float("inf") if counted else self.room())  # (pending: their new tokens)
+        for i, (lo, hi) in enumerate(zip(los, his)):
+            if hi <= lo:
+                continue
+            alone = pending + hi - lo > room  # this entry grows the tables first or evicts after it
+            if alone:
+                self._flush(marks, tokens, pending)  # (a rebuild reads the segments: counted first)
+                pending = 0
+                grow = depth * (hi - lo)  # at most this many new nodes, and as many new children
+                if 2 * (self._used_bound + grow) > len(self._nk):  # keep the load <= 1/2
+                    self._used_bound = self._used_slots()  # the bound drifts up: re-read
+                    if 2 * (self._used_bound + grow) > len(self._nk):
+                        self._rebuild(grow)
+                        self._used_bound = self._used_slots()
+            toks = self._segment(seg_ids[i], keys[i])
+            if marks is not None:
+                marks[:, i] = self.kid_for(keys[i]), lo - min(len(toks), depth, lo - floors[i]), lo, hi
+            toks.extend(news[i] if news is not None and len(news[i]) == hi - lo else tokens[i, lo:hi].tolist())
+            pending += hi - lo
+            if alone:
+                self._flush(marks, tokens, pending)
+                pending = 0
+                while self.tokens > self.max_tokens and self._segments:  # counted first: eviction subtracts it
+                    self._evict_oldest()
+                room = self.room()
+        self._flush(marks, tokens, pending)
+
+    def _flush(self, marks: np.ndarray | None, tokens: np.ndarray, new: int) -> None:
+        """``add``: count the ``new`` tokens of the entries ``marks`` holds (None: counted already), book
+        them, and unmark the entries."""
+        if new:
+            if marks is not None:
+                load_kernels().memory_count(*self.packed_tables(), marks[0], tokens, marks[1], marks[2], marks[3],
+                                            self.depth, 1)
+                marks[3] = marks[2]
+            self.tokens += new
+            self._used_bound += self.depth * new
 
     def kid_for(self, key: Hashable) -> int:
         """The integer an isolation key's hashes mix in, assigned now if the key is new."""
@@ -172,77 +192,8 @@ class SuffixMemory:
             kid = self._kids[key] = len(self._kids)
         return kid
 
-    def extend_slots(self, tokens: np.ndarray, rows: np.ndarray, kids: np.ndarray, los: np.ndarray, his: np.ndarray,
-                     floors: np.ndarray, seg_ids: list[Hashable], keys: list[Hashable],
-                     news: list[list[int]]) -> None:
-        """``extend`` for the engine's token rows (``core.batch_rows``), the drafter's path when the memory
-        must evict or grow (``kernels.chain_step`` counts the other steps itself): entry ``i`` appends
-        ``tokens[rows[i], los[i]:his[i]]`` (non-empty) to segment ``seg_ids[i]`` under ``keys[i]``
-        (``kids[i]`` = ``kid_for(keys[i])``), contexts reaching no further back than ``floors[i]`` (where
-        the request's tokens are read from); ``news[i]`` holds the same tokens as a list when it is
-        as long (vLLM's sampled tokens), which saves converting them.
-
-        The same counts, evictions and rebuilds as one ``extend`` per entry: the entries before the
-        first one after which the memory must evict, or before which its tables must grow, are counted
-        in one kernel call (found with a cumulative sum, not a Python loop); that entry goes through
-        ``extend``'s own path; and on from the next.  Once the memory is full an eviction comes every
-        few steps (a whole segment at a time), so most steps are one call."""
-        if self.max_tokens == 0 or not len(rows):
-            return
-        depth = self.depth
-        cum = np.cumsum(his - los)
-        n, i = len(rows), 0
-        while i < n:
-            done = int(cum[i - 1]) if i else 0
-            # entries up to `stop` need no growth (2 * (used + depth * new) <= slots) and no eviction
-            room_g = (len(self._nk) - 2 * self._used_bound) // (2 * depth)
-            room_e = self.max_tokens - self.tokens
-            stop = int(min(np.searchsorted(cum, done + room_g, side="right"),
-                           np.searchsorted(cum, done + room_e, side="right")))
-            if stop > i:
-                self._count_slots(tokens, rows, kids, los, his, floors, seg_ids, keys, news, i, stop)
-                self._used_bound += depth * (int(cum[stop - 1]) - done)
-                self.tokens += int(cum[stop - 1]) - done
-                i = stop
-            if i < n:  # entry i grows the tables first or evicts after it: the row-by-row path
-                r, f = int(rows[i]), int(floors[i])
-                self._extend_row(tokens[r], seg_ids[i], keys[i], tokens[r, f : int(his[i])].tolist(), f,
-                                 int(los[i]) - f)
-                i += 1
-
-    def _count_slots(self, tokens: np.ndarray, rows: np.ndarray, kids: np.ndarray, los: np.ndarray, his: np.ndarray,
-                     floors: np.ndarray, seg_ids: list[Hashable], keys: list[Hashable], news: list[list[int]],
-                     i: int, stop: int) -> None:
-        """Entries ``i:stop`` of ``extend_slots``: into their segments, and counted in one kernel call --
-        each entry's contexts reaching back over at most ``depth`` of its segment's earlier tokens, not
-        before ``floors[i]``."""
-        depth, bases = self.depth, []
-        for sid, key, new, r, lo, hi, f in zip(seg_ids[i:stop], keys[i:stop], news[i:stop], rows[i:stop].tolist(),
-                                               los[i:stop].tolist(), his[i:stop].tolist(), floors[i:stop].tolist()):
-            toks = self._segment(sid, key)
-            bases.append(lo - min(len(toks), depth, lo - f))
-            toks.extend(new if len(new) == hi - lo else tokens[r, lo:hi].tolist())
-        load_kernels().memory_add_slots(*self._tables, kids[i:stop], tokens, rows[i:stop],
-                                        np.array(bases, dtype=np.int64), los[i:stop], his[i:stop], self.depth, 1)
-
-    def append_outputs(self, tokens: np.ndarray, seg_ids: list[Hashable], keys_by_slot: list[Hashable],
-                       slots: list[int], news: list[list[int]], los: list[int], his: list[int]) -> None:
-        """Append a whole batch's output that ``kernels.chain_step`` already counted in the tables (within
-        the ``room()`` it was given): row ``r`` appends ``tokens[r, los[r]:his[r]]`` (nothing if empty;
-        ``news[r]`` if it is as long) to segment ``seg_ids[r]`` under ``keys_by_slot[slots[r]]``, and the
-        token budget books them.  Plain lists in, no numpy per row."""
-        added = 0
-        for r, (lo, hi) in enumerate(zip(los, his)):
-            if hi > lo:
-                new = news[r]
-                self._segment(seg_ids[r], keys_by_slot[slots[r]]).extend(
-                    new if len(new) == hi - lo else tokens[r, lo:hi].tolist())
-                added += hi - lo
-        self.tokens += added
-        self._used_bound += self.depth * added
-
     def room(self) -> int:
-        """How many more output tokens fit without an eviction or a table rebuild (``extend_slots``)."""
+        """How many more output tokens fit without an eviction or a table rebuild (``add``)."""
         return min(self.max_tokens - self.tokens, (len(self._nk) - 2 * self._used_bound) // (2 * self.depth))
 
     def segment_length(self, seg_id: Hashable) -> int:
@@ -262,7 +213,7 @@ class SuffixMemory:
         seg_id, (key, toks) = self._segments.popitem(last=False)
         if self.on_evict is not None:
             self.on_evict(seg_id)
-        self._count(self._kids[key], np.asarray(toks, dtype=np.int32), 0, 0, len(toks), -1)
+        self._count_segment(key, toks, -1)
         self.tokens -= len(toks)
 
     def lookup(self, key: Hashable, context: Sequence[int], max_tokens: int,

@@ -165,7 +165,7 @@ class LookaheadProposer:
     def _propose_arrays(self, runner: Any, req_ids: list[str], captured: tuple[list[str], list[int]] | None,
                         sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                         token_ids_cpu: np.ndarray) -> list[list[int]]:
-        """A batch-path step (``LookaheadDrafter.step_arrays``): the runner's arrays as they are, no
+        """A drafter step (``LookaheadDrafter.step``): the runner's arrays as they are, no
         per-row objects.  Verified draft counts come from the step's spec-decode metadata, in the
         captured row order (the same as now unless the batch was reordered in between: then by id)."""
         if captured is None:
@@ -182,6 +182,6 @@ class LookaheadProposer:
         # logit bias, or min-p at T>0: served as plain decoding serves them, without drafts (sampling_cover.py)
         for i in self._cover.undraftable_rows(runner.input_batch, len(req_ids)):
             room[i] = 0
-        return self.drafter.step_arrays(req_ids, token_ids_cpu, num_tokens_no_spec, sampled_token_ids, verified,
-                                        prompt_lens, lambda rid: isolation_key(requests.get(rid)), room,
-                                        lambda rid: request_temperature(requests.get(rid)))
+        return self.drafter.step(req_ids, token_ids_cpu, num_tokens_no_spec, sampled_token_ids, verified,
+                                 prompt_lens, lambda rid: isolation_key(requests.get(rid)), room,
+                                 lambda rid: request_temperature(requests.get(rid)))
