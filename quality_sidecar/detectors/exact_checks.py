@@ -35,13 +35,19 @@ def _version(sample: Mapping[str, Any]) -> tuple[int, int]:
         return 1, 0
 
 
-def _output_ids(sample: Mapping[str, Any]) -> list[int] | str | None:
-    """The output's token ids; "no_token_ids" when it has tokens but not their ids; None when empty."""
+def _recorded(sample: Mapping[str, Any], key: str, partial: str, reason: str) -> tuple[Any, list[int]] | str | None:
+    """(the recorded ``sampling[key]``, the output's token ids) for a check; else the reason it is
+    skipped -- ``reason`` when only ``sampling[partial]`` was recorded, "no_token_ids" when the output
+    has tokens but not their ids -- or None when there is nothing to check."""
+    s = sample.get("sampling") or {}
+    value = s.get(key)
+    if not value:
+        return reason if s.get(partial) else None
     out = sample.get("output") or {}
     ids = out.get("token_ids")
     if ids is None:
         return "no_token_ids" if out.get("num_tokens") else None
-    return list(ids) or None
+    return (value, list(ids)) if ids else None
 
 
 def allowed_token_ids_check(sample: Mapping[str, Any]) -> CheckOutcome:
@@ -49,14 +55,10 @@ def allowed_token_ids_check(sample: Mapping[str, Any]) -> CheckOutcome:
 
     Skipped (a reason) when the set was too large to record (``too_many_ids``: schema 1.6 keeps only its
     count and sha256 above 4,096 ids) or the output has no token ids."""
-    s = sample.get("sampling") or {}
-    allowed = s.get("allowed_token_ids")
-    if not allowed:
-        return "too_many_ids" if s.get("allowed_token_ids_count") else None
-    ids = _output_ids(sample)
-    if ids is None or isinstance(ids, str):
-        return ids
-    ok = set(allowed)
+    got = _recorded(sample, "allowed_token_ids", "allowed_token_ids_count", "too_many_ids")
+    if not isinstance(got, tuple):
+        return got
+    ok, ids = set(got[0]), got[1]
     return len(ids), sum(t not in ok for t in ids)
 
 
@@ -90,13 +92,10 @@ def bad_words_check(sample: Mapping[str, Any]) -> CheckOutcome:
     Skipped (a reason) when only the strings were recorded (``not_tokenized``: vLLM had no tokenizer;
     re-tokenizing here could differ from the serving tokenizer, so nothing is guessed) or the output has
     no token ids."""
-    s = sample.get("sampling") or {}
-    seqs = s.get("bad_words_token_ids")
-    if not seqs:
-        return "not_tokenized" if s.get("bad_words") else None
-    ids = _output_ids(sample)
-    if ids is None or isinstance(ids, str):
-        return ids
+    got = _recorded(sample, "bad_words_token_ids", "bad_words", "not_tokenized")
+    if not isinstance(got, tuple):
+        return got
+    seqs, ids = got
     return len(ids), bad_word_hits(ids, seqs)
 
 

@@ -17,9 +17,7 @@ collector, it also runs a *metrics* pipeline here: the same OTLP receiver feeds 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .paths import tool
-from .process import free_port, log_tail, spawn, stop_process_group
+from .process import Service, free_port, log_tail, spawn, stop_process_group
 
 _CONFIG = """\
 service:
@@ -86,10 +84,9 @@ exporters:
 """
 
 
-class JaegerServer:
+class JaegerServer(Service):
     def __init__(self, workdir: Path | None = None):
-        self._own_dir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="jaeger-"))
+        super().__init__(workdir, "jaeger-")
         self.ports = {name: free_port() for name in
                       ("otlp_grpc", "otlp_http", "query_http", "query_grpc", "health",
                                    "prometheus")}
@@ -170,17 +167,6 @@ class JaegerServer:
         if self.proc is not None:
             stop_process_group(self.proc, timeout)
         self.proc = None
-
-    def close(self) -> None:
-        self.stop()
-        if self._own_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> JaegerServer:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def span_tags(span: dict[str, Any]) -> dict[str, Any]:

@@ -21,15 +21,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from .paths import cache_dir, versions
-from .process import free_port, log_tail, spawn, stop_process_group
+from .process import Service, free_port, log_tail, spawn, stop_process_group
 
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -90,14 +88,13 @@ def k8s_dir() -> Path:
     return path
 
 
-class K8sCluster:
+class K8sCluster(Service):
     """One throwaway cluster in a temp dir; ``start()`` returns when nodes can be added."""
 
     def __init__(self, workdir: Path | None = None):
         self.home = k8s_dir()
         self.bin = self.home / "bin"
-        self._own_dir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="k8s-"))
+        super().__init__(workdir, "k8s-")
         self.etcd_port, self.etcd_peer_port = free_port(), free_port()
         self.api_port = free_port()
         self.token = secrets.token_hex(16)
@@ -202,17 +199,6 @@ class K8sCluster:
             proc = self.procs.pop(name, None)
             if proc is not None:
                 stop_process_group(proc, 15)
-
-    def close(self) -> None:
-        self.stop()
-        if self._own_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> K8sCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- kubectl -------------------------------------------------------------------------------
 

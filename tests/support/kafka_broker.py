@@ -12,25 +12,21 @@ log directory and port, so a restarted broker keeps its topics and committed off
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from .paths import kafka_libs
-from .process import free_port, log_tail, spawn, stop_process_group
+from .process import Service, free_port, log_tail, spawn, stop_process_group
 
 
-class KafkaBroker:
+class KafkaBroker(Service):
     def __init__(self, workdir: Path | None = None, port: int | None = None, partitions: int = 1,
                  auto_create_topics: bool = True):
-        self._own_dir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kafka-"))
+        super().__init__(workdir, "kafka-")
         self.port = port or free_port()
         self.controller_port = free_port()
         self.partitions = partitions
@@ -158,15 +154,3 @@ class KafkaBroker:
         if self.proc is not None:
             stop_process_group(self.proc, timeout)
         self.proc = None
-
-    def close(self) -> None:
-        self.stop()
-        if self._own_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> KafkaBroker:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        with contextlib.suppress(Exception):
-            self.close()

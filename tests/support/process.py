@@ -8,13 +8,17 @@ appended to a log file the error messages quote.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -65,3 +69,25 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+class Service:
+    """What every service helper shares: a work directory (a temp one it owns and removes unless the caller
+    gives one), ``close()`` = ``stop()`` then that directory, and ``with``: ``start()`` ... ``close()``
+    (a failing close never hides the test's own error).  Subclasses define ``start`` and ``stop``."""
+
+    def __init__(self, workdir: str | Path | None, prefix: str):
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=prefix))
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
