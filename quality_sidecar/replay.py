@@ -3,7 +3,8 @@
 The sidecar re-asks a baseline server (vLLM without lookahead) for a sampled fraction of greedy
 prompts, and of seeded T>0 prompts of decoders that keep vLLM's seed promise
 (``decoder.seeded_exact``), and pairs the answers for the exact match detector (sources ``replay``
-and ``seeded``; baseline-arm samples give the A/A reference).  Requests go through the shared worker (``workers.py``): one thread, retries with
+and ``seeded``; baseline-arm samples give the A/A reference).  Requests go through the shared worker
+(``workers.py``): one thread, retries with
 backoff, and backpressure on the consumer instead of dropped prompts.
 
 A replay is only a fair comparison at the serving dtype: a bf16 output replayed on an fp32 server
@@ -77,12 +78,16 @@ def seeded_sampling(sample: dict[str, Any]) -> dict[str, Any] | str | None:
         return "not_replayable"
     if (s.get("n") or 1) > 1:
         return "n_gt_1"
-    out = sample.get("output") or {}
-    n = out.get("num_tokens") or len(out.get("token_ids") or [])
     fields = {k: s[k] for k in REPLAYED_FIELDS if s.get(k) is not None}
     if "min_tokens" in fields:
-        fields["min_tokens"] = min(fields["min_tokens"], n)
+        fields["min_tokens"] = min(fields["min_tokens"], output_length(sample))
     return fields
+
+
+def output_length(sample: dict[str, Any]) -> int:
+    """The sample's output tokens: what a replay asks for as ``max_tokens`` (0 when unknown)."""
+    out = sample.get("output") or {}
+    return out.get("num_tokens") or len(out.get("token_ids") or [])
 
 
 def normalize_dtype(dtype: str | None) -> str | None:
@@ -144,6 +149,5 @@ class ReplayWorker(PairWorker):
 
     def handle(self, item: tuple[dict[str, Any], Any, dict[str, Any] | None]) -> None:
         sample, prompt, sampling = item
-        out = sample.get("output") or {}
-        n = out.get("num_tokens") or len(out.get("token_ids") or []) or 64
+        n = output_length(sample) or 64
         self.on_result(sample, self.client.complete(prompt, n, model=sample.get("model"), sampling=sampling))
