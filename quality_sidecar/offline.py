@@ -6,7 +6,9 @@ length test is the Monte-Carlo permutation test of the mean (valid at these alph
 the max_tokens cap of real lengths; see ``length_test``).  With
 ``baseline_url`` every T>0 sample is also scored under the baseline server: a PIT test per arm (exact
 under the null, so the candidate arm is judged on its own), the count of impossible tokens per arm
-(with the streaming chart's rule) and the likelihood shift between arms.
+(with the streaming chart's rule) and the likelihood shift between arms.  The exact checks (an EOS
+inside ``min_tokens``, a token outside ``allowed_token_ids``, a completed bad word) need no server and
+run on every sample, counted per arm with the same impossible-token chart.
 """
 
 from __future__ import annotations
@@ -115,6 +117,41 @@ def conformance_report(samples: list[dict[str, Any]], baseline_url: str, conf: d
     return report
 
 
+def exact_checks_report(samples: list[dict[str, Any]], conf: dict[str, Any]) -> dict[str, Any]:
+    """Per arm: the exact checks over every sample (``detectors.exact_checks``): samples and output
+    positions checked, impossible tokens by check, skipped checks by (check, reason), and the
+    impossible-token chart's p-value and alarm, as the streaming pipeline counts them."""
+    from .baseline_scoring import IMPOSSIBLE_ALPHA, ConformanceConfig
+    from .detectors.conformance_charts import ImpossibleTokenChart
+    from .detectors.exact_checks import exact_checks
+
+    cc = ConformanceConfig(**(conf.get("conformance") or {}))
+    chart = ImpossibleTokenChart(IMPOSSIBLE_ALPHA, cc.impossible_floor_per_token)
+    arms: dict[str, dict[str, Any]] = {}
+    for s in samples:
+        arm = s["deployment"]["arm"]
+        a = arms.setdefault(arm, {"samples_checked": 0, "positions_checked": 0, "impossible_tokens": {},
+                                  "skipped": {}, "examples": []})
+        done, skipped = exact_checks(s)
+        for check, why in skipped.items():
+            a["skipped"][f"{check}:{why}"] = a["skipped"].get(f"{check}:{why}", 0) + 1
+        if not done:
+            continue
+        checked = max(n for n, _bad in done.values())
+        a["samples_checked"] += 1
+        a["positions_checked"] += checked
+        for check, (_n, bad) in done.items():
+            a["impossible_tokens"][check] = a["impossible_tokens"].get(check, 0) + bad
+        if any(bad for _n, bad in done.values()) and len(a["examples"]) < 5:
+            a["examples"].append(s.get("trace_id") or s["request_id"])
+        chart.update(arm, checked, {check: bad for check, (_n, bad) in done.items()})
+    for arm, a in arms.items():
+        if a["samples_checked"]:
+            a["impossible_p"] = chart.pvalue(arm)
+            a["impossible_alarm"] = a["impossible_p"] < chart.alpha
+    return {"arms": arms, "alpha": chart.alpha, "floor_per_token": cc.impossible_floor_per_token}
+
+
 def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutations: int = 200,
                baseline_url: str | None = None) -> dict[str, Any]:
     from tqdm import tqdm
@@ -136,7 +173,8 @@ def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutat
     by_arm: dict[str, list] = {}
     for f in feats:
         by_arm.setdefault(f.arm, []).append(f)
-    report: dict[str, Any] = {"counts": pipe.counts, "dlq_reasons": pipe.dlq_reasons, "arms": {}}
+    report: dict[str, Any] = {"counts": pipe.counts, "dlq_reasons": pipe.dlq_reasons, "arms": {},
+                              "exact_checks": exact_checks_report(samples, conf)}
     for arm, fs in by_arm.items():
         report["arms"][arm] = {"samples": len(fs),
                                "rates": {k: sum(f.truncated if k == "truncated" else f.flags.get(k, False)

@@ -25,7 +25,6 @@ from .classifiers import classify_batch, default_classifiers
 from .classifiers.format import FormatClassifier
 from .config import ServiceConfig
 from .conformance_monitor import ConformanceMonitor
-from .detectors.conformance_scoring import min_tokens_check
 from .detectors.embedders import make_embedder
 from .detectors.exact_checks import exact_checks
 from .detectors.repeats import repeat_keys
@@ -229,15 +228,11 @@ class Pipeline:
                       [smp["request_id"]])]
 
     def _check_exact(self, smp: dict[str, Any]) -> list[Alarm]:
-        """The exact checks, at any temperature: an EOS / stop token inside ``min_tokens``
-        (``min_tokens_check``), a token outside ``allowed_token_ids`` or one that completes a bad word
-        (``exact_checks``) is an impossible token, counted on the model's impossible-token chart under
-        the check's name, the sample's output positions as its exposure (once, whatever the number of
-        checks).  A check the sample's record cannot support is counted per (model, arm, check, reason)."""
+        """The exact checks (``exact_checks``), at any temperature: an EOS / stop token inside
+        ``min_tokens``, a token outside ``allowed_token_ids`` or one that completes a bad word is an
+        impossible token, counted on the model's impossible-token chart under the check's name, the
+        sample's output positions as its exposure (once, whatever the number of checks).  A check the sample's record cannot support is counted per (model, arm, check, reason)."""
         done, skipped = exact_checks(smp)
-        got = min_tokens_check(smp)
-        if got is not None:
-            done["min_tokens"] = got
         model, arm = smp["model"], smp["deployment"]["arm"]
         for check, why in skipped.items():
             self.metrics.exact_check_skipped.labels(model, arm, check, why).inc()

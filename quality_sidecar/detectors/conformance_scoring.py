@@ -286,26 +286,6 @@ def score_topk(top_ids: np.ndarray, top_logprobs: np.ndarray, token_ids: Sequenc
                          excess=excess, excess_var=var_l[ok], oos_reasons=reasons, kept=np.flatnonzero(ok))
 
 
-
-def min_tokens_check(sample: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(output positions checked, impossible stops) of vLLM's ``min_tokens`` promise, or None.
-
-    vLLM masks EOS and the request's stop token ids at the first ``min_tokens`` output positions, at any
-    temperature and in any dtype, so an output that ends on one of them there (finish ``stop`` with no
-    stop string, within ``min_tokens`` tokens; the stopping token is the last of ``token_ids``) holds a
-    token its sampler could not have drawn -- an exact check, no statistics: a verifier that accepts a
-    drafted EOS without the mask does exactly this.  Stop strings are matched only after ``min_tokens``
-    tokens too, but on text, so they are left out."""
-    m = int((sample.get("sampling") or {}).get("min_tokens") or 0)
-    out = sample.get("output") or {}
-    n = out.get("num_tokens")
-    n = len(out.get("token_ids") or []) if n is None else n
-    if m <= 0 or not n:
-        return None
-    stopped = out.get("finish_reason") == "stop" and not isinstance(out.get("stop_reason"), str)
-    return min(n, m), int(stopped and n <= m)
-
-
 def impossible_reasons(lp: np.ndarray, lp_min: np.ndarray, in_known: np.ndarray, pos: np.ndarray,
                        tok: np.ndarray, tok_lp: np.ndarray, params: SamplerParams, k_known: int,
                        tail_hi: np.ndarray, vocab_size: int | None, tolerance: float = OOS_TOLERANCE_NATS

@@ -10,7 +10,8 @@ matches the rest of the word, to -inf before sampling, greedy or not, on the dra
 could not have drawn: an impossible token, counted without the baseline server and without statistics.
 Each check returns (output positions checked, impossible tokens), a reason it cannot run (counted by the
 sidecar: ``quality_sidecar_exact_check_skipped_samples``), or None when the request did not set the option.
-``min_tokens_check`` (the third such check) lives with the scorer in ``conformance_scoring``.
+The third, ``min_tokens_check``: an EOS or stop token inside ``min_tokens``.  ``exact_checks`` runs all
+three; the streaming pipeline and the offline ``quality-sidecar score`` both call it.
 """
 
 from __future__ import annotations
@@ -102,10 +103,13 @@ def bad_words_check(sample: Mapping[str, Any]) -> CheckOutcome:
 def exact_checks(sample: Mapping[str, Any]) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
     """({check: (positions checked, impossible tokens)}, {check: why it was skipped}) for the checks
     of this module that apply to the sample.  A sample older than schema 1.6 whose request used a logit
-    modifier (``logits_modified``) may have set either option unrecorded: both are skipped as
+    modifier (``logits_modified``) may have set allowed ids or bad words unrecorded: both are skipped as
     ``not_recorded``."""
     done: dict[str, tuple[int, int]] = {}
     skipped: dict[str, str] = {}
+    got_min = min_tokens_check(sample)
+    if got_min is not None:
+        done["min_tokens"] = got_min
     if _version(sample) < RECORDED_SINCE:
         if (sample.get("sampling") or {}).get("logits_modified"):
             skipped = dict.fromkeys(EXACT_CHECKS, "not_recorded")
@@ -117,3 +121,22 @@ def exact_checks(sample: Mapping[str, Any]) -> tuple[dict[str, tuple[int, int]],
         elif got is not None:
             done[name] = got
     return done, skipped
+
+
+def min_tokens_check(sample: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(output positions checked, impossible stops) of vLLM's ``min_tokens`` promise, or None.
+
+    vLLM masks EOS and the request's stop token ids at the first ``min_tokens`` output positions, at any
+    temperature and in any dtype, so an output that ends on one of them there (finish ``stop`` with no
+    stop string, within ``min_tokens`` tokens; the stopping token is the last of ``token_ids``) holds a
+    token its sampler could not have drawn -- an exact check, no statistics: a verifier that accepts a
+    drafted EOS without the mask does exactly this.  Stop strings are matched only after ``min_tokens``
+    tokens too, but on text, so they are left out."""
+    m = int((sample.get("sampling") or {}).get("min_tokens") or 0)
+    out = sample.get("output") or {}
+    n = out.get("num_tokens")
+    n = len(out.get("token_ids") or []) if n is None else n
+    if m <= 0 or not n:
+        return None
+    stopped = out.get("finish_reason") == "stop" and not isinstance(out.get("stop_reason"), str)
+    return min(n, m), int(stopped and n <= m)

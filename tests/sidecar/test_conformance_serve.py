@@ -29,7 +29,6 @@ from quality_sidecar.baseline_scoring import (
 )
 from quality_sidecar.detectors.conformance_scoring import (
     SamplerParams,
-    min_tokens_check,
     score_topk,
 )
 from quality_sidecar.detectors.conformance_stats import pit_test
@@ -37,6 +36,7 @@ from quality_sidecar.detectors.exact_checks import (
     allowed_token_ids_check,
     bad_word_hits,
     bad_words_check,
+    min_tokens_check,
 )
 from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.schema import SCHEMA_VERSION

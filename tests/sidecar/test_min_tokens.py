@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from quality_sidecar.config import ServiceConfig
-from quality_sidecar.detectors.conformance_scoring import min_tokens_check
+from quality_sidecar.detectors.exact_checks import min_tokens_check
 from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.synth import SampleStream
 
@@ -54,3 +54,19 @@ def test_a_candidate_that_stops_inside_min_tokens_alarms_and_an_exact_one_does_n
     assert [a.arm for a in alarms] == ["candidate"]
     st = faulty.charts.conformance["m"].impossible.arms["candidate"]
     assert st["reasons"] == {"min_tokens": 20} and st["alarm"]
+
+
+def test_the_offline_score_runs_the_exact_checks_per_arm(tmp_path) -> None:
+    """``quality-sidecar score`` counts the same exact checks without a baseline server: the faulty
+    candidate's stops inside ``min_tokens`` are impossible tokens with an alarm, the exact baseline's none."""
+    from quality_sidecar.offline import score_file
+
+    from .conftest import write_jsonl
+
+    src = write_jsonl(tmp_path / "s.jsonl", _stream("baseline", 0, 200, 1) + _stream("candidate", 10, 200, 2))
+    rep = score_file(str(src), {"monitor": {"text_test": False}}, permutations=10)["exact_checks"]
+    base, cand = rep["arms"]["baseline"], rep["arms"]["candidate"]
+    assert base["samples_checked"] == cand["samples_checked"] == 200
+    assert base["impossible_tokens"] == {"min_tokens": 0} and not base["impossible_alarm"]
+    assert cand["impossible_tokens"] == {"min_tokens": 20} and cand["impossible_alarm"] and len(cand["examples"]) == 5
+    assert cand["positions_checked"] == 20 * 4 + 180 * 8
