@@ -1,4 +1,4 @@
-"""Greedy steps verified from the proposer's argmax (``fast_greedy_verify``, vllm/greedy_verify.py) on
+"""Greedy steps verified from the proposer's argmax (vllm/greedy_verify.py) on
 real vLLM (CPU, demo model, float32): outputs equal ``none``'s token for token with vLLM's rejection
 sampler never called; and every sampling setting that moves the argmax (penalties,
 min_tokens, bad words, logprobs) sends the step back to vLLM's rejection sampler, outputs still equal."""

@@ -126,15 +126,6 @@ class LookaheadConfig:
     engine's own steps with drafts and without, and runs whichever serves more tokens/s (a loser is
     re-tried 2 steps in 64).  With ``measured_floor`` a batch with a request sampling at T > 0 is guarded
     at any size.  Lower it where a batch of this size is compute-bound.  Default 16."""
-    plain_steps_without_drafts: bool = True
-    """A step in which no request has a draft runs vLLM's plain (non-speculative) path -- logits of the
-    last positions and vLLM's sampler, as without speculation -- instead of the spec-decode path that
-    vLLM 0.32 runs on every step once speculation is configured.  Attention-only models; other runners
-    keep the speculative path.  Default True."""
-    fast_greedy_verify: bool = True
-    """A greedy speculative step in which nothing changes the argmax (no penalties, logit bias,
-    min_tokens, bad words, logprobs; CPU float32 logits) is verified from a numpy argmax of the step's
-    logits -- vLLM's greedy rule, token for token -- instead of vLLM's rejection sampler.  Default True."""
     def __post_init__(self) -> None:
         check_fields(self, LIMITS, CHOICES)
         if self.min_match > self.max_match:

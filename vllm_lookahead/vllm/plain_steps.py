@@ -1,4 +1,4 @@
-"""Steps without drafts take vLLM's plain path (patch ``plain_steps``; config ``plain_steps_without_drafts``).
+"""Steps without drafts take vLLM's plain path (patch ``plain_steps``).
 
 Why: with a speculative config, vLLM 0.32's ``GPUModelRunner._prepare_inputs`` builds spec-decode metadata
 and ``_sample`` runs the rejection sampler for *every* step -- also when no request has a draft (the
@@ -13,8 +13,7 @@ and the bookkeeping and ``propose_draft_token_ids`` already accept a step withou
 drafters see such steps).  The config is back before anything else reads it.
 
 When not: runners whose drafter is not lookahead's (a second engine in the process running ngram or
-suffix keeps vLLM's behaviour), lookahead with ``plain_steps_without_drafts`` off, async speculative
-decoding (its optimistic token counts expect the speculative path), and models with recurrent layers
+suffix keeps vLLM's behaviour), async speculative decoding (its optimistic token counts expect the speculative path), and models with recurrent layers
 (vLLM counts a zero-draft decode as a speculative row there on purpose, see ``_prepare_inputs``).
 """
 
@@ -31,9 +30,7 @@ def takes_plain_path(runner: Any, scheduler_output: Any) -> bool:
     """Should this step skip the speculative path (see the module docstring)?"""
     if scheduler_output.scheduled_spec_decode_tokens or runner.speculative_config is None:
         return False
-    drafter = getattr(runner, "drafter", None)
-    config = getattr(drafter, "config", None)
-    if not getattr(config, "plain_steps_without_drafts", False) or not hasattr(drafter, "capture_verification"):
+    if not hasattr(getattr(runner, "drafter", None), "capture_verification"):  # another proposer: vLLM's path
         return False
     if getattr(runner, "use_async_spec_decode", False):
         return False

@@ -114,8 +114,7 @@ class LookaheadProposer:
         # a greedy step whose verdict is the plain argmax is verified here, from the numpy argmax
         # (greedy_verify.py: vLLM's CPU rejection sampler clones the logits and runs torch's argmax;
         # numpy's is ~10x faster over a CPU float32 batch, and no detach() where none is needed)
-        verdict = (self.verifies_steps and self.config.fast_greedy_verify
-                   and greedy_verify.argmax_is_the_verdict(runner, logits, spec_decode_metadata))
+        verdict = self.verifies_steps and greedy_verify.argmax_is_the_verdict(runner, logits, spec_decode_metadata)
         if verdict:
             argmax = (logits.detach() if logits.requires_grad else logits).numpy().argmax(axis=-1)
             self._verdict = greedy_verify.sampler_output(argmax, spec_decode_metadata)
