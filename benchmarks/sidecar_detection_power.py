@@ -109,7 +109,7 @@ def full_pipeline_clean(n_per_arm: int, batch: int = 100) -> dict:
 
 def chart_level_clean(n_refs: int, n_each: int, seed: int = 0) -> dict:
     """Every CUSUM chart of one stream on clean feature streams; alarms counted with restarts."""
-    cfg = MonitorConfig(restart_after_alarm=True)
+    cfg = MonitorConfig()
     rng = np.random.default_rng(seed)
     probe = SampleStream(seed=99, arm="candidate")
     pp = _pipeline()

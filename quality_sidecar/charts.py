@@ -58,14 +58,13 @@ class Charts:
     def conformance_monitor(self, model: str) -> ConformanceMonitor:
         mon = self.conformance.get(model)
         if mon is None:
-            mon = self.conformance[model] = ConformanceMonitor(
-                model, self.cfg.conformance, restart_after_alarm=self.cfg.monitor.restart_after_alarm)
+            mon = self.conformance[model] = ConformanceMonitor(model, self.cfg.conformance)
         return mon
 
     def repeat_chart(self, model: str) -> RepeatChart:
         chart = self.repeats.get(model)
         if chart is None:
-            chart = self.repeats[model] = RepeatChart(restart_after_alarm=self.cfg.monitor.restart_after_alarm)
+            chart = self.repeats[model] = RepeatChart()
         return chart
 
     # --- all of them ------------------------------------------------------------------------------
@@ -197,7 +196,7 @@ class Charts:
         for model, cs in (st.get("conformance") or {}).items():
             self.conformance_monitor(model).set_state(cs)
         for model, cs in (st.get("repeats") or {}).items():
-            self.repeats[model] = RepeatChart(restart_after_alarm=self.cfg.monitor.restart_after_alarm)
+            self.repeats[model] = RepeatChart()
             self.repeats[model].set_state(cs)
         for key, ss in st["streams"].items():
             model, arm = key.split("\x1f")

@@ -21,10 +21,10 @@ class ConformanceMonitor:
 
     STATE = ("stats",)
 
-    def __init__(self, model: str, cfg: ConformanceConfig, restart_after_alarm: bool = False):
-        self.model, self.cfg, self.restart_after_alarm = model, cfg, restart_after_alarm
+    def __init__(self, model: str, cfg: ConformanceConfig):
+        self.model, self.cfg = model, cfg
         self.charts: dict[str, ConformanceChart] = {}
-        self.impossible = ImpossibleTokenChart(IMPOSSIBLE_ALPHA, cfg.impossible_floor_per_token, restart_after_alarm)
+        self.impossible = ImpossibleTokenChart(IMPOSSIBLE_ALPHA, cfg.impossible_floor_per_token)
         self.stats: dict[str, dict[str, float]] = {}
         self.examples: dict[str, list[tuple[str | None, str]]] = {}
         self.impossible_examples: dict[str, list[tuple[str | None, str]]] = {}
@@ -33,7 +33,7 @@ class ConformanceMonitor:
         c = self.charts.get(arm)
         if c is None:
             c = self.charts[arm] = ConformanceChart("sampling_conformance", self.cfg.ert_tokens, self.cfg.shift,
-                                                    self.restart_after_alarm, late_shift=self.cfg.late_shift)
+                                                    late_shift=self.cfg.late_shift)
             self.stats[arm] = {"samples": 0, "tokens": 0, "pit_tokens": 0, "skipped": 0, "out_of_support": 0,
                                "lp_sum": 0.0, "lp_sumsq": 0.0}
         return c

@@ -58,7 +58,6 @@ class MonitorConfig:
     pair_state_entries: int = 1000
     text_test: bool = True
     text_embedder: str = "hashed"
-    restart_after_alarm: bool = False
 
     @property
     def ert_each(self) -> float:
@@ -147,12 +146,11 @@ class StreamMonitor(StatefulDetector):
         """An unfitted chart with this config: ``fit`` fits it, ``set_state`` restores it."""
         cfg, ert = self.cfg, self.cfg.ert_each
         if name in RATE_CHARTS:
-            return BernoulliCUSUM(name, ert, delta=cfg.rate_delta, restart_after_alarm=cfg.restart_after_alarm)
+            return BernoulliCUSUM(name, ert, delta=cfg.rate_delta)
         if name in ("length_up", "length_down"):
-            return GaussianCUSUM(name, ert, name.split("_")[1], cfg.length_shift,
-                                 restart_after_alarm=cfg.restart_after_alarm)
+            return GaussianCUSUM(name, ert, name.split("_")[1], cfg.length_shift)
         if name == "acceptance_down":
-            return GaussianCUSUM(name, ert, "down", cfg.acceptance_shift, restart_after_alarm=cfg.restart_after_alarm)
+            return GaussianCUSUM(name, ert, "down", cfg.acceptance_shift)
         raise ValueError(f"unknown chart {name!r}")
 
     def fit(self) -> None:
