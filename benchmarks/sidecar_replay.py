@@ -13,7 +13,12 @@ sample against a real ``vllm-lookahead serve`` baseline server (no speculation, 
 JSONL file read as fast as it goes, once from a Kafka topic the whole stream was produced to before the
 consumer started.  Recorded per run: selected / scored / failed samples per arm (the exported
 counters), every alarm with the candidate samples read up to the sample that raised it, the measured
-log-prob shift, wall time.
+log-prob shift, wall time, and samples committed before they were scored (``CommitAudit``).
+
+``--outage-s S`` adds, per stream, a Kafka replay with the baseline server stopped for S seconds once the
+sidecar has read ``--outage-at`` samples (records arrive in batches: it stops at the first check past
+that), then started again on its port; ``outage_vs_no_outage`` compares the first conformance alarm's
+position with the replay without the outage.
 
     python benchmarks/sidecar_replay.py --json benchmarks/results/sidecar_replay.json
 
@@ -117,9 +122,83 @@ def _metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
+class Outage:
+    """Stop the baseline server once the sidecar has read ``at`` samples, keep it down ``seconds``, start
+    it again on the same port; measured: the time from stop to the server answering /health again."""
+
+    def __init__(self, server: Any, at: int, seconds: float):
+        self.server, self.at, self.seconds = server, at, seconds
+        self.down_s: float | None = None
+        self.samples_read_at_stop: int | None = None
+
+    def run(self, svc: Any) -> None:
+        while svc.pipeline.counts["samples"] < self.at and not svc.stopping.is_set():
+            time.sleep(0.05)
+        self.samples_read_at_stop = svc.pipeline.counts["samples"]
+        t0 = time.monotonic()
+        self.server.stop()
+        print(f"  baseline server stopped at {self.samples_read_at_stop} samples read; down for "
+              f"{self.seconds:.0f} s", file=sys.stderr, flush=True)
+        time.sleep(self.seconds)
+        self.server.start()
+        self.down_s = time.monotonic() - t0
+        print(f"  baseline server answers again after {self.down_s:.0f} s", file=sys.stderr, flush=True)
+
+
+class CommitAudit:
+    """Measurement only (the service's own methods wrapped, behaviour unchanged): when each sample was
+    handed to a baseline worker and when that worker finished it, and every offset commit -- so that
+    samples committed before they were scored can be counted from outside the service's bookkeeping."""
+
+    def __init__(self, svc: Any, position: dict[str, int]):
+        self.position, self.selected, self.done = position, {}, {}
+        self.commits: list[tuple[float, dict]] = []
+        for w in svc.workers.values():
+            self._wrap_worker(w)
+        for name in ("commit", "commit_async"):
+            if hasattr(svc.source, name):
+                self._wrap_commit(svc.source, name)
+
+    def _wrap_worker(self, w: Any) -> None:
+        enqueue, work = w.enqueue, w._work
+
+        def enqueue_(item: Any) -> None:
+            self.selected[w.sample_of(item)["request_id"]] = time.monotonic()
+            enqueue(item)
+
+        def work_(item: Any) -> None:
+            before = w.counts["done"]
+            work(item)
+            if w.counts["done"] > before:
+                self.done[w.sample_of(item)["request_id"]] = time.monotonic()
+
+        w.enqueue, w._work = enqueue_, work_
+
+    def _wrap_commit(self, source: Any, name: str) -> None:
+        commit = getattr(source, name)
+
+        def commit_(offsets: dict, *a: Any, **kw: Any) -> Any:
+            self.commits.append((time.monotonic(), {tp: o for tp, o in offsets.items()}))
+            return commit(offsets, *a, **kw)
+
+        setattr(source, name, commit_)
+
+    def committed_unscored(self) -> int:
+        """Selected samples below a committed offset before their worker finished (or never finished);
+        one partition: a sample's offset is its stream position."""
+        bad = set()
+        for t, offsets in self.commits:
+            top = max((o.offset if hasattr(o, "offset") else o for o in offsets.values()), default=0)
+            bad |= {rid for rid in self.selected if self.position.get(rid, 1 << 60) < top
+                    and self.done.get(rid, float("inf")) > t}
+        return len(bad)
+
+
 def replay(stream: list[dict], source: str, baseline_url: str, vocab: int, workdir: Path, args: argparse.Namespace,
-           broker: Any = None) -> dict[str, Any]:
+           broker: Any = None, outage: Outage | None = None) -> dict[str, Any]:
     """Run the sidecar's service over the whole stream; counters, alarms and the measured shift."""
+    import threading
+
     from quality_sidecar.service import Service, ServiceConfig
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -159,11 +238,17 @@ def replay(stream: list[dict], source: str, baseline_url: str, vocab: int, workd
         return b
 
     svc.close, svc._backpressure = close_after_scrape, watch
+    position = {s["request_id"]: i for i, s in enumerate(stream)}
+    audit = CommitAudit(svc, position)
+    stopper = threading.Thread(target=outage.run, args=(svc,), daemon=True) if outage is not None else None
     t0 = time.time()
+    if stopper is not None:
+        stopper.start()
     svc.run()
     wall = time.time() - t0
+    if stopper is not None:
+        stopper.join()
     m = seen["metrics"]
-    position = {s["request_id"]: i for i, s in enumerate(stream)}
     cand_before = [0]
     for s in stream:
         cand_before.append(cand_before[-1] + (s["deployment"]["arm"] == "candidate"))
@@ -195,7 +280,36 @@ def replay(stream: list[dict], source: str, baseline_url: str, vocab: int, workd
             "source_paused_checks": sum(paused), "arms": arms, "alarms": alarms, "exact_match": exact,
             "replay": dict(svc.replay.counts) if svc.replay is not None else None,
             "logprob_shift_nats_per_token": shift[0], "logprob_shift_ci95": [shift[1], shift[2]],
-            "retries": svc.scorer.counts.get("retries", 0) if svc.scorer is not None else None}
+            "retries": svc.scorer.counts.get("retries", 0) if svc.scorer is not None else None,
+            "commits": len(audit.commits), "selected_samples": len(audit.selected),
+            "finished_samples": len(audit.done), "committed_unscored": audit.committed_unscored(),
+            "outage": None if outage is None else {"samples_read_at_stop": outage.samples_read_at_stop,
+                                                   "planned_s": outage.seconds, "down_s": outage.down_s}}
+
+
+def first_alarm(run: dict[str, Any], detector: str = "sampling_conformance") -> int | None:
+    """Candidate samples read when ``detector`` first alarmed on the candidate arm."""
+    return min((a["candidate_samples_read"] for a in run["alarms"] if a["detector"] == detector
+                and a["arm"] == "candidate" and a["candidate_samples_read"] is not None), default=None)
+
+
+def outage_comparison(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per stream: the Kafka run with the outage against the one without -- the first conformance alarm's
+    position (candidate samples read) and its relative change, samples committed unscored, failed."""
+    out = {}
+    for r in runs:
+        if r["outage"] is None:
+            continue
+        ref = next((x for x in runs if x["stream"] == r["stream"] and x["source"] == "kafka" and x["outage"] is None),
+                   None)
+        a, b = first_alarm(r), first_alarm(ref) if ref else None
+        out[r["stream"]] = {"alarm_at_candidate_sample": {"outage": a, "no_outage": b},
+                            "alarm_position_change": (a - b) / b if a is not None and b else None,
+                            "committed_unscored": r["committed_unscored"],
+                            "failed": sum(v["failed"] for v in r["arms"].values()),
+                            "scored_equals_selected": all(v["scored"] == v["selected"] for v in r["arms"].values()),
+                            "down_s": r["outage"]["down_s"]}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +336,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows: samples built from in-process generations; telemetry: every arm generated in a "
                          "process of its own through the plugin's producer (real samples, draft masks included)")
     ap.add_argument("--produce", nargs=3, metavar=("SPEC", "LABEL", "SINK"), help=argparse.SUPPRESS)
+    ap.add_argument("--outage-s", type=float, default=0.0,
+                    help="also replay each stream from Kafka with the baseline server stopped this many seconds "
+                         "(then started again on its port), and compare with the run without the outage")
+    ap.add_argument("--outage-at", type=int, default=None,
+                    help="samples the sidecar has read when the server stops (default: --lead + 50; checked every "
+                         "50 ms, records come in batches)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=".bench-work/replay")
     ap.add_argument("--json", required=True)
@@ -293,16 +413,21 @@ def main(argv: list[str] | None = None) -> int:
 
                 (Path(tmp) / "kafka").mkdir()
                 broker = KafkaBroker(Path(tmp) / "kafka").start()
+            plan = [(source, None) for source in args.sources.split(",")]
+            if args.outage_s > 0:
+                plan.append(("kafka", Outage(server, args.outage_at or args.lead + 50, args.outage_s)))
             for name in args.streams.split(","):
                 stream = build_stream(arm_samples["none"], arm_samples[name], args)
-                for source in args.sources.split(","):
-                    r = replay(stream, source, server.url, vocab, Path(tmp) / f"{name}-{source}", args, broker)
+                for source, outage in plan:
+                    tag = f"{name}-{source}" + ("-outage" if outage else "")
+                    r = replay(stream, source, server.url, vocab, Path(tmp) / tag, args, broker, outage)
                     r["stream"], r["candidate_spec"] = name, ARMS[name]
                     runs.append(r)
                     first = {d: min((a["candidate_samples_read"] for a in r["alarms"]
                                      if a["detector"] == d and a["arm"] == "candidate"), default=None)
                              for d in CONFORMANCE_DETECTORS}
-                    print(f"{name:6s} {source:6s} {r['samples_read']} samples in {r['wall_s']:.0f} s, scored "
+                    print(f"{name:6s} {source:6s}{' outage' if outage else ''} {r['samples_read']} samples in "
+                          f"{r['wall_s']:.0f} s, committed unscored {r['committed_unscored']}, scored "
                           + ", ".join(f"{a} {v['scored']:.0f}/{v['selected']:.0f}" for a, v in r["arms"].items())
                           + f"; alarms {len(r['alarms'])}, first conformance alarm at candidate sample "
                           f"{first['sampling_conformance']}; shift {r['logprob_shift_nats_per_token']:+.3f} nat/token",
@@ -318,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
            "dtype": args.dtype, "batch": {"baseline": args.batch, "candidate": args.candidate_batch},
            "replay_fraction": args.replay_fraction,
            "producer": args.producer,
-           "lead": args.lead, "max_tokens": args.max_tokens, "wall_s": time.time() - t_all, "runs": runs}
+           "lead": args.lead, "max_tokens": args.max_tokens, "wall_s": time.time() - t_all, "runs": runs,
+           "outage_vs_no_outage": outage_comparison(runs)}
     Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
 
