@@ -1,12 +1,14 @@
 """The verdict of ``scripts/gpu_check.sh``: read the two bench JSONs it wrote, check, summarise.
 
-    python scripts/gpu_check.py --fp32 FP32.json --bench BENCH.json --json SUMMARY.json
+    python scripts/gpu_check.py --fp32 FP32.json --seeded SEEDED.json --bench BENCH.json --json SUMMARY.json
 
 Checks (exit 1 when one fails, so the script's exit status is the answer):
 
 * **fp32 exactness**: every method's greedy output equals ``none``'s at the same batch size, for
   every prompt and batch size (``exact_vs_none == 1.0``); the 2D method must really have taken its
   2D step (its ``lade2d`` counters are not empty), else exactness would be vacuous.
+* **seeded T>0 exactness** (float32, a seed per request): lookahead's output equals ``none``'s for every
+  prompt and batch size -- coupled verification samples each position as plain decoding does.
 * **bf16 match vs A/A**: in bfloat16, outputs differ from ``none`` through numerics alone; the yardstick
   is ``none`` against itself at another batch size (A/A).  A method fails when its mismatch rate
   exceeds ``max(2 x the worst A/A mismatch rate, 2 / prompts)``: a screen for a gross loss of
@@ -28,14 +30,14 @@ def _rows(bench: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     return [(r["method"], bs, m) for r in bench["results"] for bs, m in r["by_batch_size"].items()]
 
 
-def check_fp32(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def check_fp32(bench: dict[str, Any], label: str = "fp32") -> tuple[list[dict[str, Any]], list[str]]:
     """Per method and batch size: exact share and whether the 2D step ran; failures as messages."""
     if bench.get("dtype") != "float32":
-        return [], [f"fp32 check: bench ran in {bench.get('dtype')}, expected float32"]
+        return [], [f"{label} check: bench ran in {bench.get('dtype')}, expected float32"]
     table, failures = [], []
     methods = {r["method"] for r in bench["results"]}
     if "none" not in methods or len(methods) < 2:
-        failures.append(f"fp32 check: needs `none` and at least one other method, got {sorted(methods)}")
+        failures.append(f"{label} check: needs `none` and at least one other method, got {sorted(methods)}")
     for method, bs, m in _rows(bench):
         exact = m.get("exact_vs_none")
         lade2d = m.get("lade2d")
@@ -45,7 +47,7 @@ def check_fp32(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
         if method == "none":
             continue
         if exact is None or exact < 1.0:
-            failures.append(f"fp32: {method} at batch {bs}: {exact} of outputs equal `none` (must be 1.0)")
+            failures.append(f"{label}: {method} at batch {bs}: {exact} of outputs equal `none` (must be 1.0)")
         if method.startswith("lookahead2d") and not lade2d:
             failures.append(f"fp32: {method} at batch {bs} never took the 2D step (exactness vacuous)")
     return table, failures
@@ -94,19 +96,25 @@ def speed_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def summarize(fp32: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any]:
+def summarize(fp32: dict[str, Any], seeded: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any]:
     fp32_table, f1 = check_fp32(fp32)
+    seeded_table, f3 = check_fp32(seeded, "seeded T>0")
+    sampling = seeded.get("sampling") or {}
+    if not sampling.get("temperature") or sampling.get("request_seed") is None:
+        f3.append("seeded T>0 check: the bench was not run at T>0 with --request-seed")
     bf16_table, f2 = check_bf16(bench)
-    return {"passed": not (f1 or f2), "failures": f1 + f2,
-            "commands": {"fp32": fp32.get("command"), "bench": bench.get("command")},
+    return {"passed": not (f1 or f2 or f3), "failures": f1 + f3 + f2,
+            "commands": {"fp32": fp32.get("command"), "seeded": seeded.get("command"), "bench": bench.get("command")},
             "machine": bench.get("machine"), "repeats": bench.get("repeats"),
-            "fp32_exactness": fp32_table, "bf16_match": bf16_table, "speed_bf16": speed_table(bench)}
+            "fp32_exactness": fp32_table, "seeded_fp32_exactness": seeded_table, "bf16_match": bf16_table,
+            "speed_bf16": speed_table(bench)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fp32", type=Path, required=True, help="bench JSON of the float32 exactness run")
+    ap.add_argument("--seeded", type=Path, required=True, help="bench JSON of the seeded T>0 float32 run")
     ap.add_argument("--bench", type=Path, required=True, help="bench JSON of the bfloat16 speed run")
     ap.add_argument("--json", type=Path, required=True, help="write the summary here")
     ap.add_argument("--mode", default="gpu", help="recorded in the summary (gpu | smoke)")
@@ -114,14 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         fp32, bench = json.loads(args.fp32.read_text()), json.loads(args.bench.read_text())
+        seeded = json.loads(args.seeded.read_text())
     except (OSError, ValueError) as e:
         print(f"gpu_check: cannot read the bench results: {e}", file=sys.stderr)
         return 2
-    summary = {"command": args.command, "mode": args.mode, **summarize(fp32, bench)}
+    summary = {"command": args.command, "mode": args.mode, **summarize(fp32, seeded, bench)}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=1) + "\n")
     for row in summary["fp32_exactness"]:
         print(f"fp32  {row['method']:<45} batch {row['batch_size']:>3}: exact {row['exact_vs_none']}")
+    for row in summary["seeded_fp32_exactness"]:
+        print(f"seeded {row['method']:<44} batch {row['batch_size']:>3}: exact {row['exact_vs_none']}")
     for row in summary["bf16_match"]:
         print(f"bf16  {row['method']:<45} batch {row['batch_size']:>3}: match {row['match_vs_none']} "
               f"(A/A {row['aa_none_vs_none_bs1']})")

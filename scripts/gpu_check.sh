@@ -9,11 +9,14 @@
 # Steps (each one existing CLI; `vllm-lookahead bench` runs every method in a fresh process):
 #   1. float32 exactness: none vs the chain (lookahead:k=K) vs the 2D layout (lookahead2d, forced on
 #      at every batch size, FlexAttention on CUDA) at batch 1/8/32 -> gpu_check_fp32.json
-#   2. bfloat16 bench: none / ngram / suffix / lookahead at batch 1/8/32, 3 interleaved repeats
+#   2. seeded T>0 (float32, T=0.8, a seed per request): none vs lookahead:k=K at batch 1/8/32 ->
+#      gpu_check_seeded_fp32.json; coupled verification must give none's tokens (on CUDA by vLLM's
+#      native sampling rule, which CUDA uses for seeded batches: docs/lookahead.md)
+#   3. bfloat16 bench: none / ngram / suffix / lookahead at batch 1/8/32, 3 interleaved repeats
 #      (median [min, max] tokens/s) -> gpu_check_bench_bf16.json; also gives the bf16 match rate of
 #      each method next to none's A/A rate (none at batch b vs none at batch 1)
-#   3. verdict: scripts/gpu_check.py -> gpu_check_summary.json; exit 1 on a
-#      failed check (fp32 not identical, 2D step never taken, bf16 mismatch beyond the A/A yardstick)
+#   4. verdict: scripts/gpu_check.py -> gpu_check_summary.json; exit 1 on a failed check (fp32 not
+#      identical, 2D step never taken, seeded T>0 not identical, bf16 mismatch beyond the A/A yardstick)
 #
 # Status: written without a GPU (none was lent to the session that wrote it); only --smoke has run.
 # Budget estimate for the full mode on one GPU with the demo model: 15 spawned bench processes and
@@ -68,6 +71,7 @@ fi
 MAX_BATCH="${BATCHES##*,}"
 mkdir -p "$OUT"
 FP32="$OUT/${PREFIX}_fp32.json"
+SEEDED="$OUT/${PREFIX}_seeded_fp32.json"
 BENCH="$OUT/${PREFIX}_bench_bf16.json"
 SUMMARY="$OUT/${PREFIX}_summary.json"
 BENCH_CMD=("$PY" -m vllm_lookahead.cli bench "${MODEL_ARGS[@]}" --prompts open --n "$N"
@@ -81,17 +85,21 @@ run() {
   if [[ $rc != 0 ]]; then echo "gpu_check.sh: $name failed (exit $rc)" >&2; exit "$rc"; fi
 }
 
-echo "[gpu_check] 1/3 float32 exactness: none, chain, 2D at batch $BATCHES" >&2
+echo "[gpu_check] 1/4 float32 exactness: none, chain, 2D at batch $BATCHES" >&2
 run "step 1 (float32 exactness)" "$LIMIT" "${BENCH_CMD[@]}" --dtype float32 "${ATTN[@]}" \
   --methods "none lookahead:k=$K lookahead2d:W=5,N=3,G=5,max_batch=$MAX_BATCH,policy=always" \
   --json "$FP32"
 
-echo "[gpu_check] 2/3 bfloat16 bench: none, ngram, suffix, lookahead x $REPEATS repeats" >&2
-run "step 2 (bfloat16 bench)" "$((LIMIT * 3 / 2))" "${BENCH_CMD[@]}" --dtype bfloat16 --repeats "$REPEATS" \
+echo "[gpu_check] 2/4 seeded T=0.8, float32: none, lookahead at batch $BATCHES" >&2
+run "step 2 (seeded T>0)" "$LIMIT" "${BENCH_CMD[@]}" --dtype float32 --temperature 0.8 --request-seed 1 \
+  --methods "none lookahead:k=$K" --json "$SEEDED"
+
+echo "[gpu_check] 3/4 bfloat16 bench: none, ngram, suffix, lookahead x $REPEATS repeats" >&2
+run "step 3 (bfloat16 bench)" "$((LIMIT * 3 / 2))" "${BENCH_CMD[@]}" --dtype bfloat16 --repeats "$REPEATS" \
   --methods "none ngram:k=$K,n_min=1,n_max=4 suffix:k=$K lookahead:k=$K" \
   --json "$BENCH"
 
-echo "[gpu_check] 3/3 verdict ($((SECONDS - start)) s so far)" >&2
-"$PY" scripts/gpu_check.py --fp32 "$FP32" --bench "$BENCH" --json "$SUMMARY" \
+echo "[gpu_check] 4/4 verdict ($((SECONDS - start)) s so far)" >&2
+"$PY" scripts/gpu_check.py --fp32 "$FP32" --seeded "$SEEDED" --bench "$BENCH" --json "$SUMMARY" \
   --mode "$([[ $SMOKE == 1 ]] && echo smoke || echo gpu)" --command "scripts/gpu_check.sh $ARGS"
 echo "[gpu_check] done in $((SECONDS - start)) s" >&2

@@ -46,10 +46,24 @@ def test_verdict_bf16_mismatch_is_judged_against_the_aa_rate():
     assert check_bf16(_bench("bfloat16", {"none": none, "lookahead:k=4": good}))[1] == []
     failures = check_bf16(_bench("bfloat16", {"none": none, "lookahead:k=4": bad}))[1]
     assert len(failures) == 1 and "batch 1" in failures[0]
-    summary = summarize(_bench("float32", {"none": {"1": {"exact_vs_none": 1.0}},
-                                           "lookahead:k=4": {"1": {"exact_vs_none": 1.0}}}),
-                        _bench("bfloat16", {"none": none, "lookahead:k=4": bad}))
+    exact = _bench("float32", {"none": {"1": {"exact_vs_none": 1.0}}, "lookahead:k=4": {"1": {"exact_vs_none": 1.0}}})
+    seeded = {**exact, "sampling": {"temperature": 0.8, "request_seed": 1}}
+    summary = summarize(exact, seeded, _bench("bfloat16", {"none": none, "lookahead:k=4": bad}))
     assert summary["passed"] is False and summary["failures"] == failures
+
+
+@pytest.mark.unit
+def test_verdict_seeded_t_above_0_must_equal_none_and_must_be_seeded():
+    good = _bench("bfloat16", {"none": {"1": {"exact_vs_none": 1.0, "exact_vs_none_bs1": 1.0}},
+                               "lookahead:k=4": {"1": {"exact_vs_none": 1.0}}})
+    exact = _bench("float32", {"none": {"1": {"exact_vs_none": 1.0}}, "lookahead:k=4": {"1": {"exact_vs_none": 1.0}}})
+    seeded = _bench("float32", {"none": {"1": {"exact_vs_none": 1.0}}, "lookahead:k=4": {"8": {"exact_vs_none": 0.97}}})
+    seeded["sampling"] = {"temperature": 0.8, "request_seed": 1}
+    summary = summarize(exact, seeded, good)
+    assert summary["passed"] is False and summary["failures"] == [
+        "seeded T>0: lookahead:k=4 at batch 8: 0.97 of outputs equal `none` (must be 1.0)"]
+    unseeded = {**exact, "sampling": {"temperature": 0.8, "request_seed": None}}
+    assert "not run at T>0 with --request-seed" in summarize(exact, unseeded, good)["failures"][0]
 
 
 @pytest.mark.vllm  # imports torch to look for a device (seconds), not a unit test
@@ -63,8 +77,9 @@ def test_full_mode_without_a_gpu_refuses_with_the_fix():
 
 @pytest.mark.vllm
 def test_smoke_mode_runs_every_step_on_cpu(tmp_path):
-    """The same three steps as on a GPU at toy size: real vLLM engines for none, the chain, the 2D
-    layout (fp32), and none / ngram / suffix / lookahead (bf16), then the verdict."""
+    """The same steps as on a GPU at toy size: real vLLM engines for none, the chain, the 2D layout
+    (fp32), none and the chain seeded at T=0.8 (fp32), and none / ngram / suffix / lookahead (bf16),
+    then the verdict."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.monotonic()
     proc = subprocess.run([str(SCRIPT), "--smoke", "--out", str(tmp_path)], cwd=ROOT, env=env,
@@ -77,6 +92,8 @@ def test_smoke_mode_runs_every_step_on_cpu(tmp_path):
     assert set(fp32) == {"none", "lookahead:k=4", "lookahead2d:W=5,N=3,G=5,max_batch=1,policy=always"}
     assert all(r["exact_vs_none"] == 1.0 for r in fp32.values())
     assert fp32["lookahead2d:W=5,N=3,G=5,max_batch=1,policy=always"]["lade2d_request_steps"] > 0
+    seeded = {r["method"]: r["exact_vs_none"] for r in summary["seeded_fp32_exactness"]}
+    assert seeded == {"none": 1.0, "lookahead:k=4": 1.0}
     speed = {r["method"] for r in summary["speed_bf16"]}
     assert speed == {"none", "ngram:k=4,n_min=1,n_max=4", "suffix:k=4", "lookahead:k=4"}
     bench = json.loads((tmp_path / "gpu_check_smoke_bench_bf16.json").read_text())

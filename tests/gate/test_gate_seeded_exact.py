@@ -86,6 +86,8 @@ def test_a_significant_excess_fails_within_a_loose_tolerance() -> None:
     (COUPLED, True, "coupled (12"),
     ({"coupled": 12, "rejection_sampler": 2}, False, "not coupled: 2 T>0 drafted steps verified by vLLM's rejection sampler"),
     ({"coupled": 0, "rejection_sampler": 0}, False, "a proposer other than lookahead's"),
+    ({"coupled": 0, "coupled_off_cpu": 9, "rejection_sampler": 0}, False,
+     "9 by coupled verification off the CPU (token identity not checked on this device)"),
     (None, False, "coupling not measurable (endpoint candidate)"),
 ])
 def test_auto_requires_it_only_for_a_measured_coupled_candidate(steps: dict[str, int] | None, required: bool,

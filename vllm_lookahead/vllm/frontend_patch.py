@@ -152,7 +152,8 @@ def describe_decoder(vllm_config: Any) -> Decoder:
 def seeded_exact(method: str, dtype: str | None) -> bool:
     """Does a seeded T>0 request give the tokens it gives without speculation (schema 1.5
     ``decoder.seeded_exact``)?  Lookahead's coupled verification makes it so on CPU with float32 logits
-    (docs/lookahead.md, "What is guaranteed where"); vLLM's rejection sampler (every other method, and
+    (docs/lookahead.md, "What is guaranteed where"; on CUDA it follows vLLM's native rule but no GPU
+    has checked token identity, so it is not claimed there); vLLM's rejection sampler (every other method, and
     lookahead elsewhere) draws a different number of times, so a seeded output differs without a fault."""
     if method != "lookahead" or dtype != "float32":
         return False

@@ -127,7 +127,7 @@ class LookaheadProposer:
         # which verifier takes a T>0 step with drafts: counted, so the gate measures coupling (STEPS)
         if (not verdict and not runner.input_batch.sampling_metadata.all_greedy
                 and any(spec_decode_metadata.num_draft_tokens)):
-            coupled_verify.count_step(self._coupled is not None)
+            coupled_verify.count_step(self._coupled is not None, logits.is_cpu)
 
     def take_verdict(self) -> Any:
         """The ``SamplerOutput`` of the step just captured when it was verified from the argmax
