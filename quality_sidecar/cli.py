@@ -171,6 +171,11 @@ def cmd_score(args: argparse.Namespace) -> int:
     Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     c = report["counts"]
     print(f"scored {c['samples']} samples ({c['dlq']} invalid) -> {args.json}", file=sys.stderr)
+    for arm, a in report["exact_checks"]["arms"].items():
+        if a["samples_checked"]:
+            bad = sum(a["impossible_tokens"].values())
+            print(f"exact checks, {arm}: {a['samples_checked']} samples, {a['positions_checked']} output tokens checked, "
+                  f"{bad} impossible tokens" + (" (ALARM)" if a.get("impossible_alarm") else ""), file=sys.stderr)
     return 0
 
 
