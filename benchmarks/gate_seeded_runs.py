@@ -7,10 +7,10 @@ samples differ between runs, so the runs are independent decisions.  The exact c
 (float32 or bfloat16).  Recorded per run: the verdict, the failed criteria, the ``seeded_exact`` block (pairs, mismatches, the seeded A/A, coupling), the
 ``sampled`` adjusted p-values and the wall time.
 
-"Seeded samples needed" (per fault): the smallest number of seeded samples per item s at which a gate
-with ``samples_per_item = s`` would FAIL ``seeded_exact`` (excess mismatch > the policy's maximum or
-one-sided Fisher p < alpha, against the A/A pairs among the same samples), times the items: the
-seeded evidence the fault needs.  Computed from the run's own pairs (sample indices < s).
+"Seeded samples needed" (per fault): the smallest number n of the run's seeded pairs, taken in the
+order a smaller gate would have them (sample 0 of every item, then sample 1, ...), on which
+``seeded_exact`` would FAIL (excess mismatch > the policy's maximum or one-sided Fisher p < alpha,
+against the A/A pairs among the same n): the seeded evidence the fault needs.
 
     python benchmarks/gate_seeded_runs.py --runs 20 --json benchmarks/results/gate_seeded_runs.json
 
@@ -73,18 +73,18 @@ def run_gate(candidate: str, seed: int, dtype: str, work: Path, collect: bool = 
 
 def samples_needed(report: dict[str, Any], item_ids: list[str], per_item: int, max_excess: float,
                    alpha: float) -> dict[str, Any]:
-    """The smallest s (seeded samples per item) at which seeded_exact would FAIL on samples 0..s-1."""
+    """The smallest n (seeded pairs, sample-major order) on which seeded_exact would FAIL."""
     from vllm_lookahead.gate.stats import fisher_greater_p
 
     sx = report["seeded_exact"]
-    cand = {d for d in sx["candidate"]["diverged"]}
+    cand = set(sx["candidate"]["diverged"])
     aa = set(sx["aa"]["diverged"]) if sx.get("aa") else set()
-    for s in range(1, per_item + 1):
-        keys = [f"{i}#{j}" for j in range(s) for i in item_ids]
-        mm, aa_mm, n = sum(k in cand for k in keys), sum(k in aa for k in keys), len(keys)
+    mm = aa_mm = 0
+    for n, key in enumerate((f"{i}#{j}" for j in range(per_item) for i in item_ids), start=1):
+        mm, aa_mm = mm + (key in cand), aa_mm + (key in aa)
         if mm / n - aa_mm / n > max_excess or fisher_greater_p(mm, n, aa_mm, n) < alpha:
-            return {"samples_per_item": s, "seeded_samples": n, "mismatches": mm, "aa_mismatches": aa_mm}
-    return {"samples_per_item": None, "seeded_samples": None, "note": f"seeded_exact would not FAIL within {per_item}"}
+            return {"seeded_samples": n, "mismatches": mm, "aa_mismatches": aa_mm}
+    return {"seeded_samples": None, "note": f"seeded_exact would not FAIL on the run's {per_item * len(item_ids)} pairs"}
 
 
 def summary(candidate: str, seed: int, r: dict[str, Any]) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
            "machine": "2 CPU cores (shared); wall times (the gate's own, report meta.wall_s) are upper bounds"}
     Path(args.json).write_text(json.dumps(out, indent=1))
     print(f"exact {args.exact}: PASS {passes}/{len(exact_runs)}; faults: "
-          + ", ".join(f"{r['candidate'].split('.')[-1]} {r['verdict']}" for r in fault_runs))
+          + ", ".join(f"{r['candidate'].split('faults.')[-1]} {r['verdict']}" for r in fault_runs))
     return 0
 
 
