@@ -50,7 +50,10 @@ F = "custom:tests.faults."
 FAULTS = (F + "IgnoreTruncationProposer:k=4,param=top_p;" + F + "IgnoreTruncationProposer:k=4,param=top_k;"
           + F + "RecoveredFromTargetProposer:k=4;" + F + "LateDraftTemperatureProposer:k=4,factor=0.7;"
           + F + "ReusedRandomnessProposer:k=4")
-EXACT = "none;lookahead:k=8"
+# the exact controls: no speculation, the default decoder, and the faults' own proposer with its fault
+# switched off (factor 1.0: draft positions verified at the request's temperature) -- the matched null,
+# which drafts as many tokens at the same positions as the faults do
+EXACT = "none;lookahead:k=8;" + F + "LateDraftTemperatureProposer:k=4,factor=1.0"
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

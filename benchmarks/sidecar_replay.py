@@ -6,7 +6,9 @@ prompts at T=1: a baseline arm (no speculation) leads with ``--lead`` samples, t
 candidate alternate 1:1 up to ``--samples``.  Two candidates, each its own stream:
   * ``fault``: a verifier that samples draft positions at 0.8x the temperature (sharper than specified,
     ``tests.faults.DraftTemperatureProposer``; about +0.3 nat/token under the model's likelihood);
-  * ``exact``: the default lookahead proposer (an exact decoder: any alarm is a false alarm).
+  * ``exact``: the default lookahead proposer (an exact decoder: any alarm is a false alarm);
+  * ``control``: the fault's own proposer with the fault off (factor 1.0): the matched exact control,
+    drafting as the fault does.
 Each stream is read by the sidecar's real service (``quality_sidecar.service.Service``, the code behind
 ``quality-sidecar run``) with its default config (plus the model's ``vocab_size``), scoring every T>0
 sample against a real ``vllm-lookahead serve`` baseline server (no speculation, float32) -- once from a
@@ -49,6 +51,8 @@ ARMS = {
     "exact": "lookahead:k=4",
     "fault": "custom:tests.faults.DraftTemperatureProposer:k=4,factor=0.8",
     "late": "custom:tests.faults.LateDraftTemperatureProposer:k=4,factor=0.7",
+    # the matched exact control: the faults' proposer with the fault off (same drafts, same positions)
+    "control": "custom:tests.faults.DraftTemperatureProposer:k=4,factor=1.0",
 }
 CONFORMANCE_DETECTORS = ("sampling_conformance", "impossible_tokens", "repeated_samples")
 
@@ -331,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of greedy samples replayed on the baseline server for exact_match (the sidecar's "
                          "replay_fraction; default 0.1, its default)")
     ap.add_argument("--sources", default="file,kafka", help="comma list of file, kafka")
-    ap.add_argument("--streams", default="fault,exact", help=f"comma list of candidate arms ({', '.join(list(ARMS)[1:])})")
+    ap.add_argument("--streams", default="fault,control,exact", help=f"comma list of candidate arms ({', '.join(list(ARMS)[1:])})")
     ap.add_argument("--producer", choices=["rows", "telemetry"], default="rows",
                     help="rows: samples built from in-process generations; telemetry: every arm generated in a "
                          "process of its own through the plugin's producer (real samples, draft masks included)")
