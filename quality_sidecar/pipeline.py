@@ -231,7 +231,8 @@ class Pipeline:
         """The exact checks (``exact_checks``), at any temperature: an EOS / stop token inside
         ``min_tokens``, a token outside ``allowed_token_ids`` or one that completes a bad word is an
         impossible token, counted on the model's impossible-token chart under the check's name, the
-        sample's output positions as its exposure (once, whatever the number of checks).  A check the sample's record cannot support is counted per (model, arm, check, reason)."""
+        sample's output positions as its exposure (once, whatever the number of checks).  A check the
+        sample's record cannot support is counted per (model, arm, check, reason)."""
         done, skipped = exact_checks(smp)
         model, arm = smp["model"], smp["deployment"]["arm"]
         for check, why in skipped.items():

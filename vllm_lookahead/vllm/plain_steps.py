@@ -13,8 +13,8 @@ and the bookkeeping and ``propose_draft_token_ids`` already accept a step withou
 drafters see such steps).  The config is back before anything else reads it.
 
 When not: runners whose drafter is not lookahead's (a second engine in the process running ngram or
-suffix keeps vLLM's behaviour), async speculative decoding (its optimistic token counts expect the speculative path), and models with recurrent layers
-(vLLM counts a zero-draft decode as a speculative row there on purpose, see ``_prepare_inputs``).
+suffix keeps vLLM's behaviour), async speculative decoding (its optimistic token counts expect the
+speculative path), and models with recurrent layers (vLLM counts a zero-draft decode as a speculative row there on purpose, see ``_prepare_inputs``).
 """
 
 from __future__ import annotations
