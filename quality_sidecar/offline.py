@@ -123,7 +123,7 @@ def exact_checks_report(samples: list[dict[str, Any]], conf: dict[str, Any]) -> 
     impossible-token chart's p-value and alarm, as the streaming pipeline counts them."""
     from .baseline_scoring import IMPOSSIBLE_ALPHA, ConformanceConfig
     from .detectors.conformance_charts import ImpossibleTokenChart
-    from .detectors.exact_checks import exact_checks
+    from .detectors.exact_checks import exact_checks, exposure
 
     cc = ConformanceConfig(**(conf.get("conformance") or {}))
     chart = ImpossibleTokenChart(IMPOSSIBLE_ALPHA, cc.impossible_floor_per_token)
@@ -137,14 +137,14 @@ def exact_checks_report(samples: list[dict[str, Any]], conf: dict[str, Any]) -> 
             a["skipped"][f"{check}:{why}"] = a["skipped"].get(f"{check}:{why}", 0) + 1
         if not done:
             continue
-        checked = max(n for n, _bad in done.values())
+        checked, reasons = exposure(done)
         a["samples_checked"] += 1
         a["positions_checked"] += checked
-        for check, (_n, bad) in done.items():
+        for check, bad in reasons.items():
             a["impossible_tokens"][check] = a["impossible_tokens"].get(check, 0) + bad
-        if any(bad for _n, bad in done.values()) and len(a["examples"]) < 5:
+        if any(reasons.values()) and len(a["examples"]) < 5:
             a["examples"].append(s.get("trace_id") or s["request_id"])
-        chart.update(arm, checked, {check: bad for check, (_n, bad) in done.items()})
+        chart.update(arm, checked, reasons)
     for arm, a in arms.items():
         if a["samples_checked"]:
             a["impossible_p"] = chart.pvalue(arm)

@@ -26,7 +26,7 @@ from .classifiers.format import FormatClassifier
 from .config import ServiceConfig
 from .conformance_monitor import ConformanceMonitor
 from .detectors.embedders import make_embedder
-from .detectors.exact_checks import exact_checks
+from .detectors.exact_checks import exact_checks, exposure
 from .detectors.repeats import repeat_keys
 from .features import Features, extract
 from .monitor import UNSCORED, Alarm
@@ -240,8 +240,7 @@ class Pipeline:
         if not done:
             return []
         mon = self.charts.conformance_monitor(model)
-        reasons = {check: bad for check, (_n, bad) in done.items()}
-        checked = max(n for n, _bad in done.values())
+        checked, reasons = exposure(done)
         r = mon.add_impossible(arm, checked, reasons, smp.get("trace_id"), smp["request_id"])
         for check, bad in reasons.items():
             if bad:

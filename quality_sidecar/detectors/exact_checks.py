@@ -123,6 +123,12 @@ def exact_checks(sample: Mapping[str, Any]) -> tuple[dict[str, tuple[int, int]],
     return done, skipped
 
 
+def exposure(done: Mapping[str, tuple[int, int]]) -> tuple[int, dict[str, int]]:
+    """(output positions checked, {check: impossible tokens}) of ``exact_checks``' results: a sample's
+    positions count once as exposure, whatever the number of checks that ran on it."""
+    return max(n for n, _bad in done.values()), {check: bad for check, (_n, bad) in done.items()}
+
+
 def min_tokens_check(sample: Mapping[str, Any]) -> tuple[int, int] | None:
     """(output positions checked, impossible stops) of vLLM's ``min_tokens`` promise, or None.
 
