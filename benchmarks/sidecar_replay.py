@@ -192,7 +192,7 @@ class CommitAudit:
         one partition: a sample's offset is its stream position."""
         bad = set()
         for t, offsets in self.commits:
-            top = max((o.offset if hasattr(o, "offset") else o for o in offsets.values()), default=0)
+            top = max(offsets.values(), default=0)
             bad |= {rid for rid in self.selected if self.position.get(rid, 1 << 60) < top
                     and self.done.get(rid, float("inf")) > t}
         return len(bad)
