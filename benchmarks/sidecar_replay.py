@@ -8,7 +8,10 @@ candidate alternate 1:1 up to ``--samples``.  Two candidates, each its own strea
     ``tests.faults.DraftTemperatureProposer``; about +0.3 nat/token under the model's likelihood);
   * ``exact``: the default lookahead proposer (an exact decoder: any alarm is a false alarm);
   * ``control``: the fault's own proposer with the fault off (factor 1.0): the matched exact control,
-    drafting as the fault does.
+    drafting as the fault does;
+  * ``corrupt`` / ``corrupt_control`` (for ``--temperature 0``, where the T=0 replay check judges): the token
+    at output position 2 becomes id + 1 in 10% of requests (``tests.faults.CorruptTokenProposer``), and the
+    same proposer with ``fraction=0``.
 Each stream is read by the sidecar's real service (``quality_sidecar.service.Service``, the code behind
 ``quality-sidecar run``) with its default config (plus the model's ``vocab_size``), scoring every T>0
 sample against a real ``vllm-lookahead serve`` baseline server (no speculation, float32) -- once from a
@@ -53,6 +56,9 @@ ARMS = {
     "late": "custom:tests.faults.LateDraftTemperatureProposer:k=4,factor=0.7",
     # the matched exact control: the faults' proposer with the fault off (same drafts, same positions)
     "control": "custom:tests.faults.DraftTemperatureProposer:k=4,factor=1.0",
+    # T=0: the token at output position 2 becomes id + 1 in 10% of requests, and its matched control
+    "corrupt": "custom:tests.faults.CorruptTokenProposer:k=4,fraction=0.1",
+    "corrupt_control": "custom:tests.faults.CorruptTokenProposer:k=4,fraction=0.0",
 }
 CONFORMANCE_DETECTORS = ("sampling_conformance", "impossible_tokens", "repeated_samples")
 
