@@ -13,23 +13,17 @@ can import them directly (documented in docs/sidecar.md):
                          heuristic), permutation null (offline / gate);
 * ``linear_mmd_test``  - linear-time MMD with its asymptotic normal null (streaming: cheap, and
                          valid at the tiny per-window alpha an ERT budget asks for);
-* ``holm`` / ``benjamini_hochberg`` - multiple-testing control across metrics.
-
-``WindowedTwoSample`` wraps any of them in the estimator shape (``fit(reference)``,
-``update(batch) -> Result``) with per-window alpha = window / ERT.
+* ``holm``             - multiple-testing control across metrics.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from .base import Result, StatefulDetector
-from .embedders import Embedder, HashedNgramEmbedder
+from .embedders import Embedder, make_embedder
 
 
 @dataclass(frozen=True)
@@ -173,11 +167,6 @@ def rate_test(a: Sequence[bool], b: Sequence[bool], name: str = "rate",
                       f"{ka / len(a):.4f} -> {kb / len(b):.4f}")
 
 
-def hashed_ngrams(texts: Sequence[str | None], n_features: int = 2 ** 12) -> np.ndarray:
-    """L2-normalised hashed word 1-2 gram counts (the default text embedding)."""
-    return HashedNgramEmbedder(n_features)(texts)
-
-
 def _rbf_gamma(z: np.ndarray, rng: np.random.Generator) -> float:
     idx = rng.choice(len(z), size=min(len(z), 300), replace=False)
     s = z[idx]
@@ -193,7 +182,7 @@ def text_mmd_test(a: Sequence[str | None], b: Sequence[str | None], n_permutatio
     a, b = list(a)[-max_n:], list(b)[-max_n:]
     if len(a) < 5 or len(b) < 5:
         return TestResult("text_mmd", 0.0, 1.0, "too few samples")
-    z = (embed or hashed_ngrams)(a + b)
+    z = (embed or make_embedder())(a + b)
     return mmd_permutation_test(z[:len(a)], z[len(a):], n_permutations, seed)
 
 
@@ -228,7 +217,7 @@ def linear_mmd_test(a: Sequence[str | None], b: Sequence[str | None],
     m = min(len(a), len(b)) // 2 * 2
     if m < 20:
         return TestResult("text_mmd", 0.0, 1.0, "too few samples")
-    emb = embed or hashed_ngrams
+    emb = embed or make_embedder()
     return linear_mmd(emb(list(a)[:m]), emb(list(b)[:m]))
 
 
@@ -266,69 +255,3 @@ def holm(pvalues: Sequence[float]) -> np.ndarray:
         adj[i] = min(1.0, running)
     return adj
 
-
-def benjamini_hochberg(pvalues: Sequence[float]) -> np.ndarray:
-    from scipy.stats import false_discovery_control
-
-    return false_discovery_control(np.asarray(pvalues, float), method="bh")
-
-
-class WindowedTwoSample(StatefulDetector):
-    """Estimator wrapper: reference window vs. a sliding current window, tested every ``window``.
-
-    Alarm when p < alpha with alpha = window / ert, so that tests repeated every ``window`` samples
-    on a drift-free stream fire on average once per ``ert`` samples (the windows do not overlap, so
-    the rounds are independent given the reference). The alarm latches until ``acknowledge()``.
-    State: the reference and current windows must hold JSON values (lengths, finish reasons, flags,
-    texts), which is what the sidecar feeds it.
-    """
-
-    STATE = ("reference_", "current_", "pending_", "n_", "alarm_", "last_")
-
-    def __init__(self, name: str, test: Callable[[Sequence, Sequence], TestResult], ert: float,
-                 window: int = 1000):
-        self.name, self.test, self.ert, self.window = name, test, ert, window
-        self.alpha = window / ert
-
-    def fit(self, reference) -> WindowedTwoSample:
-        self.reference_ = list(reference)
-        self.current_: deque = deque(maxlen=self.window)
-        self.pending_, self.n_, self.alarm_ = 0, 0, False
-        self.last_ = Result(self.name, 0.0, self.alpha, False, pvalue=1.0)
-        return self
-
-    def reset(self) -> None:
-        """Restart the current window and clear the alarm; the reference stays."""
-        self.current_.clear()
-        self.pending_, self.alarm_ = 0, False
-        self.last_ = Result(self.name, 0.0, self.alpha, False, pvalue=1.0, n=self.n_)
-
-    def acknowledge(self) -> None:
-        """Clear the latched alarm; the windows are kept (the next test uses fresh samples anyway)."""
-        self.alarm_ = False
-        self.last_.alarm = False
-
-    def _decode_state(self, name: str, value: Any) -> Any:
-        if name == "current_":
-            return deque(value, maxlen=self.window)
-        if name == "last_":
-            return Result.from_dict(value)
-        return value
-
-    def update(self, batch) -> Result:
-        new = False
-        for x in batch:
-            self.current_.append(x)
-            self.pending_ += 1
-            self.n_ += 1
-            if self.pending_ >= self.window:
-                self.pending_ = 0
-                r = self.test(self.reference_, list(self.current_))
-                fire = r.pvalue < self.alpha
-                new = new or (fire and not self.alarm_)
-                self.alarm_ = self.alarm_ or fire
-                self.last_ = Result(self.name, r.statistic, self.alpha, self.alarm_, pvalue=r.pvalue,
-                                    n=self.n_, extra={"detail": r.detail})
-        self.last_.alarm_new = new
-        self.last_.alarm = self.alarm_
-        return self.last_
