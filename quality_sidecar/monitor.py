@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +42,8 @@ from .detectors.embedders import make_embedder
 from .features import Features
 
 RATE_CHARTS = (*CLASSIFIER_NAMES, "truncated")
-N_DETECTORS = len(RATE_CHARTS) + 3 + 1 + 1 + 1  # rates, length up/down + acceptance, exact match, two-sample,
-# evidence loss
+# rates, length up/down + acceptance, exact match, two-sample, evidence loss
+N_DETECTORS = len(RATE_CHARTS) + 3 + 1 + 1 + 1
 
 
 @dataclass
@@ -88,6 +89,13 @@ class Alarm:
     trace_ids: list[str] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)
 
+    @classmethod
+    def with_examples(cls, detector: str, model: str, arm: str, result: Result,
+                      examples: Iterable[tuple[str | None, str]]) -> Alarm:
+        """An alarm with its example (trace id, request id) pairs."""
+        ex = list(examples)
+        return cls(detector, model, arm, result, [t for t, _ in ex if t], [q for _, q in ex])
+
 
 def _flag_of(f: Features, name: str) -> bool:
     return f.truncated if name == "truncated" else f.flags.get(name, False)
@@ -129,14 +137,12 @@ class StreamMonitor(StatefulDetector):
 
     def __init__(self, model: str, arm: str, cfg: MonitorConfig):
         self.model, self.arm, self.cfg = model, arm, cfg
-        self.ref: dict[str, list] = {k: [] for k in (*RATE_CHARTS, "loglen", "acceptance")}
-        self.charts: dict[str, object] = {}
+        self.rebaseline()
         self.samples = 0
         self.flag_counts = dict.fromkeys(RATE_CHARTS, 0)
         self.recent_flags = {k: deque(maxlen=cfg.window) for k in RATE_CHARTS}
         self.recent_acc: deque = deque(maxlen=cfg.window)
         self.examples = {k: deque(maxlen=5) for k in (*RATE_CHARTS, "recent")}
-        self.last: dict[str, Result] = {}
 
     @property
     def fitted(self) -> bool:
@@ -168,8 +174,9 @@ class StreamMonitor(StatefulDetector):
 
     def rebaseline(self) -> None:
         """Drop the reference and the charts: the next ``reference_size`` samples are the new reference."""
-        self.ref = {k: [] for k in (*RATE_CHARTS, "loglen", "acceptance")}
-        self.charts, self.last = {}, {}
+        self.ref: dict[str, list] = {k: [] for k in (*RATE_CHARTS, "loglen", "acceptance")}
+        self.charts: dict[str, Any] = {}
+        self.last: dict[str, Result] = {}
 
     def active_alarms(self) -> list[dict[str, Any]]:
         return [{"detector": k, "model": self.model, "arm": self.arm, "statistic": c.s_, "threshold": c.threshold_,
@@ -260,8 +267,8 @@ class StreamMonitor(StatefulDetector):
                 r = chart.update([f.acceptance for f in live])
             self.last[name] = r
             if r.alarm_new:
-                ex = self.examples.get(name, self.examples["recent"])
-                alarms.append(Alarm(name, self.model, self.arm, r, [t for t, _ in ex if t], [q for _, q in ex]))
+                alarms.append(Alarm.with_examples(name, self.model, self.arm, r,
+                                                  self.examples.get(name, self.examples["recent"])))
         return alarms
 
     def behaviour_rates(self) -> dict[str, float]:
@@ -270,6 +277,13 @@ class StreamMonitor(StatefulDetector):
     def acceptance_rate(self) -> float:
         return float(np.mean(self.recent_acc)) if self.recent_acc else math.nan
 
+
+
+def _no_losses() -> dict[str, list[int]]:
+    """T>0 samples the conformance scorer finished, per arm: [given up, finished].  A fault that makes
+    outputs unscorable (token ids the baseline server rejects: a 400) removes its own evidence; the
+    share given up per arm shows it."""
+    return {"baseline": [0, 0], "candidate": [0, 0]}
 
 
 class ArmComparison(StatefulDetector):
@@ -290,14 +304,8 @@ class ArmComparison(StatefulDetector):
     def __init__(self, model: str, cfg: MonitorConfig):
         self.model, self.cfg = model, cfg
         self.win = {a: deque(maxlen=cfg.window) for a in ("baseline", "candidate")}
-        self.pending = 0
         self.alpha = cfg.window / cfg.ert_each
-        self.alarm = False
-        self.last: dict[str, Result] = {}
-        # T>0 samples the conformance scorer finished, per arm: [given up, finished].  A fault that
-        # makes outputs unscorable (token ids the baseline server rejects: a 400) removes its own
-        # evidence; the share given up per arm shows it.
-        self.lost: dict[str, list[int]] = {"baseline": [0, 0], "candidate": [0, 0]}
+        self.rebaseline()
 
     def scorer_finished(self, arm: str, given_up: bool) -> list[Alarm]:
         """Count one scored (or given-up) T>0 sample.  At each candidate give-up, one-sided Fisher exact
@@ -313,17 +321,21 @@ class ArmComparison(StatefulDetector):
         from scipy.stats import fisher_exact
 
         p = float(fisher_exact([[kc, nc - kc], [kb, nb - kb]], alternative="greater")[1])
-        alpha = 1.0 / self.cfg.ert_each
-        prev = self.last.get("evidence_loss")
-        fire = p < alpha and not (prev and prev.alarm)
-        r = Result("twosample_evidence_loss", kc / nc, alpha, fire or bool(prev and prev.alarm), alarm_new=fire,
-                   pvalue=p, n=nc, extra={"detail": f"given up: candidate {kc}/{nc}, baseline {kb}/{nb}"})
-        self.last["evidence_loss"] = r
-        return [Alarm(r.detector, self.model, "candidate", r, [], [])] if fire else []
+        r = self._latch("evidence_loss", kc / nc, 1.0 / self.cfg.ert_each, p, nc,
+                        {"detail": f"given up: candidate {kc}/{nc}, baseline {kb}/{nb}"})
+        return [Alarm(r.detector, self.model, "candidate", r)] if r.alarm_new else []
+
+    def _latch(self, key: str, statistic: float, alpha: float, p: float, n: int, extra: dict[str, Any]) -> Result:
+        """The test's Result (``twosample_<key>``); an alarm latches until ``acknowledge``."""
+        latched = key in self.last and self.last[key].alarm
+        fire = bool(p < alpha)
+        r = self.last[key] = Result(f"twosample_{key}", statistic, alpha, fire or latched,
+                                    alarm_new=fire and not latched, pvalue=p, n=n, extra=extra)
+        return r
 
     def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
         if version == 1:  # before the evidence-loss counts
-            return {**st, "version": 2, "state": {**st["state"], "lost": {"baseline": [0, 0], "candidate": [0, 0]}}}
+            return {**st, "version": 2, "state": {**st["state"], "lost": _no_losses()}}
         return super()._upgrade_state(st, version)
 
     def _embedded(self, feats: list[Features]) -> np.ndarray:
@@ -353,15 +365,11 @@ class ArmComparison(StatefulDetector):
         adj = holm([t.pvalue for t in tests])
         alarms = []
         for t, p in zip(tests, adj):
-            fire = bool(p < self.alpha)
-            prev = self.last.get(t.name)
-            r = Result(f"twosample_{t.name}", t.statistic, self.alpha, fire or bool(prev and prev.alarm),
-                       alarm_new=fire and not (prev and prev.alarm), pvalue=float(p), n=len(c),
-                       extra={"detail": t.detail, "raw_pvalue": t.pvalue})
-            self.last[t.name] = r
+            r = self._latch(t.name, t.statistic, self.alpha, float(p), len(c),
+                            {"detail": t.detail, "raw_pvalue": t.pvalue})
             if r.alarm_new:
-                alarms.append(Alarm(r.detector, self.model, "candidate", r,
-                                    [f.trace_id for f in c[-5:] if f.trace_id], [f.request_id for f in c[-5:]]))
+                alarms.append(Alarm.with_examples(r.detector, self.model, "candidate", r,
+                                                  [(f.trace_id, f.request_id) for f in c[-5:]]))
         return alarms
 
     def active_alarms(self) -> list[dict[str, Any]]:
@@ -376,15 +384,16 @@ class ArmComparison(StatefulDetector):
                 r.alarm = False
                 done.append(r.detector)
         if "twosample_evidence_loss" in done:  # counts restart: the acknowledged evidence is not re-fired
-            self.lost = {"baseline": [0, 0], "candidate": [0, 0]}
+            self.lost = _no_losses()
         return done
 
     def rebaseline(self) -> None:
         """Start both windows afresh (e.g. after an intended change of the baseline)."""
         for w in self.win.values():
             w.clear()
-        self.pending, self.last = 0, {}
-        self.lost = {"baseline": [0, 0], "candidate": [0, 0]}
+        self.pending = 0
+        self.last: dict[str, Result] = {}
+        self.lost = _no_losses()
 
     def _encode_state(self, name: str, value: Any) -> Any:
         if name == "win":
