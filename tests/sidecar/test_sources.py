@@ -68,7 +68,7 @@ def test_file_source_pause_restore_and_rewind(tmp_path) -> None:
 
 def test_the_service_reads_a_file_through_the_protocol(tmp_path) -> None:
     from quality_sidecar.service import Service, ServiceConfig
-    from quality_sidecar.synth import SampleStream
+    from tests.support.synth import SampleStream
 
     samples = SampleStream(seed=5, arm="baseline").take(30) + SampleStream(seed=6, arm="candidate").take(30)
     p = tmp_path / "s.jsonl"

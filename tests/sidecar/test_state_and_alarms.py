@@ -23,7 +23,7 @@ from quality_sidecar.detectors import (
 )
 from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.service import Service, ServiceConfig
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 from .conftest import FAST_MONITOR, write_jsonl
 
