@@ -2,18 +2,12 @@
 
 This is where the false-alarm budget is spent.  Per (model, arm) stream the total ERT
 (``MonitorConfig.ert_total``, samples between false alarms, all detectors together) is split by the
-union bound over ``N_DETECTORS`` slots: eight CUSUM charts (refusal, format_invalid, unsafe,
-degenerate, truncated, length up, length down, acceptance down), the T=0 exact-match test and the
-windowed two-sample family (Holm inside it).  Each chart therefore runs at ERT = 10 x ert_total.
+union bound over ``N_DETECTORS`` slots (``MonitorConfig.ert_each``).
 
-Reference: the first ``reference_size`` samples of each stream are its frozen reference window
-(or a reference loaded from a file), after which the charts are calibrated and start.  The
-baseline-vs-candidate tests need no reference: they compare the two arms' latest windows.
-``rebaseline()`` drops a reference so the next ``reference_size`` samples become the new one.
-
-State: ``StreamMonitor``, ``ArmComparison`` and ``PairTable`` (pair_table.py) follow the
-``StatefulDetector`` protocol (quality_sidecar/detectors/base.py) like the charts they hold, so the service persists all
-of them.  Alarms latch until ``acknowledge(detector)``, which restarts that statistic.
+Reference: the first ``reference_size`` samples of each stream (or a reference loaded from a file)
+are its frozen reference window, on which the charts are calibrated; ``rebaseline()`` drops it.
+The baseline-vs-candidate tests need none: they compare the two arms' latest windows.  The monitors
+follow the ``StatefulDetector`` protocol (detectors/base.py), so the service persists them.
 """
 
 from __future__ import annotations
@@ -97,7 +91,8 @@ class Alarm:
         return cls(detector, model, arm, result, [t for t, _ in ex if t], [q for _, q in ex])
 
 
-def _flag_of(f: Features, name: str) -> bool:
+def flag_of(f: Features, name: str) -> bool:
+    """A rate chart's 0/1 value of a sample (``truncated`` is a feature, the rest classifier flags)."""
     return f.truncated if name == "truncated" else f.flags.get(name, False)
 
 
@@ -232,7 +227,7 @@ class StreamMonitor(StatefulDetector):
         take, rest = feats[:max(0, room)], feats[max(0, room):]
         for f in take:
             for k in RATE_CHARTS:
-                self.ref[k].append(_flag_of(f, k))
+                self.ref[k].append(flag_of(f, k))
             self.ref["loglen"].append(math.log1p(f.length))
             self.ref["acceptance"].append(f.acceptance)
         if len(self.ref["loglen"]) >= self.cfg.reference_size and not self.fitted:
@@ -246,7 +241,7 @@ class StreamMonitor(StatefulDetector):
         self.samples += len(feats)
         for f in feats:
             for k in RATE_CHARTS:
-                flag = _flag_of(f, k)
+                flag = flag_of(f, k)
                 self.recent_flags[k].append(flag)
                 if flag:
                     self.flag_counts[k] += 1
@@ -260,7 +255,7 @@ class StreamMonitor(StatefulDetector):
         alarms = []
         for name, chart in self.charts.items():
             if name in RATE_CHARTS:
-                r = chart.update([_flag_of(f, name) for f in live])
+                r = chart.update([flag_of(f, name) for f in live])
             elif name.startswith("length"):
                 r = chart.update([math.log1p(f.length) for f in live])
             else:
@@ -357,7 +352,7 @@ class ArmComparison(StatefulDetector):
         b, c = list(self.win["baseline"]), list(self.win["candidate"])
         tests = [length_test([f.length for f in b], [f.length for f in c], method="mannwhitney"),
                  finish_reason_test([f.finish_reason for f in b], [f.finish_reason for f in c])]
-        tests += [rate_test([_flag_of(f, k) for f in b], [_flag_of(f, k) for f in c], name=k)
+        tests += [rate_test([flag_of(f, k) for f in b], [flag_of(f, k) for f in c], name=k)
                   for k in (*RATE_CHARTS, UNSCORED)]
         if self.cfg.text_test:
             m = min(len(b), len(c)) // 2 * 2

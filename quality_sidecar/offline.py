@@ -28,7 +28,7 @@ from .detectors import (
     text_mmd_test,
 )
 from .detectors.embedders import make_embedder
-from .monitor import RATE_CHARTS
+from .monitor import RATE_CHARTS, flag_of
 from .pipeline import Pipeline
 from .sinks import JsonWriter
 
@@ -177,16 +177,13 @@ def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutat
                               "exact_checks": exact_checks_report(samples, conf)}
     for arm, fs in by_arm.items():
         report["arms"][arm] = {"samples": len(fs),
-                               "rates": {k: sum(f.truncated if k == "truncated" else f.flags.get(k, False)
-                                                for f in fs) / len(fs) for k in RATE_CHARTS},
+                               "rates": {k: sum(flag_of(f, k) for f in fs) / len(fs) for k in RATE_CHARTS},
                                "mean_length_tokens": sum(f.length for f in fs) / len(fs)}
     b, c = by_arm.get("baseline", []), by_arm.get("candidate", [])
     if b and c:
         tests = [length_test([f.length for f in b], [f.length for f in c], method="permutation"),
                  finish_reason_test([f.finish_reason for f in b], [f.finish_reason for f in c])]
-        tests += [rate_test([f.truncated if k == "truncated" else f.flags.get(k, False) for f in b],
-                            [f.truncated if k == "truncated" else f.flags.get(k, False) for f in c], name=k)
-                  for k in RATE_CHARTS]
+        tests += [rate_test([flag_of(f, k) for f in b], [flag_of(f, k) for f in c], name=k) for k in RATE_CHARTS]
         tests.append(text_mmd_test([f.text for f in b], [f.text for f in c], n_permutations=permutations,
                                    embed=make_embedder(cfg.monitor.text_embedder)))
         adj = holm([t.pvalue for t in tests])

@@ -9,13 +9,9 @@ is lost (uncommitted records are redelivered) and nothing is counted twice.
 
 Baseline-server workers (T>0 scorer, T=0 replay): a sample handed to one is *pending* until the
 worker is done with it; offsets are committed only below the oldest pending sample, and the
-checkpoint lists the pending request ids, so that after a crash those records come back and go to
-their worker again (their other counts are already in the state).  While a worker is behind, the
-source is paused (``_backpressure``): a consumer catching up on lag scores what a live one would.
-
-The service owns the source (any ``sources.Source``: it never looks at the URL), the sinks, the
-HTTP server and the workers; the per-record work is the pipeline's (pipeline.py), the charts are in
-charts.py and the alarm texts in alarms.py.
+checkpoint lists the pending request ids, so after a crash those records go to their worker again
+(their other counts are already in the state).  While a worker is behind, the source is paused
+(``_backpressure``).  The per-record work is the pipeline's (pipeline.py).
 """
 
 from __future__ import annotations
@@ -224,8 +220,8 @@ class Service:
         if self._backpressure():  # check again soon: resume as soon as the workers have caught up
             timeout_s = min(timeout_s, 0.01)
         records = self.source.poll(timeout_s, self.cfg.max_poll_records)
-        # Micro-batching: a live topic hands out a few records per poll, and each process() call has
-        # a fixed cost (vectoriser, chart updates) of a few ms; gather up to ``batch_linger_s`` more.
+        # Micro-batching: a live topic hands out a few records per poll, and each batch has a fixed
+        # cost (vectoriser, chart updates) of a few ms; gather up to ``batch_linger_s`` more.
         deadline = time.monotonic() + self.cfg.batch_linger_s
         rebalances = self.source.rebalances
         dropped: list = []
@@ -364,16 +360,14 @@ class Service:
         if progress is not None:
             from tqdm import tqdm
 
-            bar = tqdm(total=progress[1], unit="B", unit_scale=True, desc="scoring samples",
-                       file=None, dynamic_ncols=True)
+            bar = tqdm(total=progress[1], unit="B", unit_scale=True, desc="scoring samples", dynamic_ncols=True)
         last = time.monotonic()
         try:
             while not self.stopping.is_set():
                 self.step()
                 if self.http is not None and not self.http.ready and self.source.ready:
                     self.http.ready = True
-                progress = self.source.progress() if bar is not None else None
-                if bar is not None and progress is not None:
+                if bar is not None and (progress := self.source.progress()) is not None:
                     bar.update(progress[0] - bar.n)
                     bar.set_postfix(samples=self.pipeline.counts["samples"], dlq=self.pipeline.counts["dlq"])
                 if time.monotonic() - last >= self.cfg.commit_interval_s:
