@@ -360,10 +360,8 @@ class ExcessCusum(PitCusum):
     """Two-sided CUSUM on the excess score of the token stream (``SequenceScore.excess``).
 
     Why next to the PIT chart: the excess score s = log p(y) - E_q[log p] is the temperature
-    family's score, so against the faults of this class it is the more efficient statistic (on the
-    demo model's real T=1 streams from a server's top-20: z 6.3-7.0 where the PIT's mean gives
-    4.1-6.3 for the same draft-temperature faults, 30 vs 9.5 for the real expand-kernel bug;
-    docs/sidecar.md), while the PIT chart also sees faults that leave E[log p] alone.
+    family's score, so against the faults of this class it is the more efficient statistic (z
+    measured in docs/sidecar.md), while the PIT chart also sees faults that leave E[log p] alone.
     Increment per token: x = s / sqrt(vbar), vbar the mean null variance of s over every token seen
     so far *including the current one* (v of a token is known from its row before the token is
     drawn, so x has conditional mean exactly 0 and its variance averages 1: the PIT chart's

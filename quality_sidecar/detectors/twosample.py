@@ -41,26 +41,20 @@ def length_test(a: Sequence[float], b: Sequence[float], method: str = "mannwhitn
                 n_permutations: int = 4999, seed: int = 0) -> TestResult:
     """Did the output-length distribution move between ``a`` and ``b`` (token counts)?
 
-    Real lengths are discrete and heavily tied: at a small ``max_tokens`` most outputs stop exactly
-    at the cap (86% in the issue-13 streams). Tests whose null distribution assumes continuous data
-    are then invalid. scipy's ``cramervonmises_2samp`` gave p = 3e-8 between two exact decoders,
-    where KS gave 0.999 and a permutation test 0.37. Both methods here stay valid with ties and
-    with the cap:
+    Real lengths are discrete and heavily tied (at a small ``max_tokens`` most outputs stop at the
+    cap), which makes tests that assume continuous data invalid (Cramer-von Mises calls two exact
+    decoders different).  Both methods here stay valid with ties and with the cap:
 
-    * ``"mannwhitney"`` (default; streaming, ``ArmComparison``): Mann-Whitney U on midranks, with
-      the tie-corrected variance. Under the null (the two windows are exchangeable) that variance is
-      the exact variance of the permutation distribution of U *given the ties*, not an estimate. The
-      statistic is a sum drawn without replacement from fixed midrank scores, so the normal
-      approximation (Hajek's CLT) holds with any tie pattern. Ties only shrink the variance, and the
-      correction accounts for that. It is chosen over Welch on log1p(length) because nothing is
-      estimated and the cap is a single tie block, not an outlier. It costs O(n log n), which fits a
-      test every ``window`` samples. Measured false-alarm rate on real exact-decoder streams at the
-      sidecar's per-test alpha: benchmarks/twosample_false_alarms.py, docs/sidecar.md.
-    * ``"permutation"`` (offline ``score``, alpha 0.05-0.01): Monte-Carlo permutation test on the
-      difference of mean length. The p-value is (1 + #{|perm| >= |obs|}) / (1 + n_permutations),
-      which is exactly valid at every alpha for any data (ties, cap). It answers "did the mean length
-      (cost) change". The smallest possible p is 1 / (1 + n_permutations), so it is not for tiny
-      streaming alphas.
+    * ``"mannwhitney"`` (default; streaming, ``ArmComparison``): Mann-Whitney U on midranks with the
+      tie-corrected variance, which under the null (exchangeable windows) is the exact variance of
+      U's permutation distribution given the ties; U is a sum drawn without replacement from fixed
+      scores, so Hajek's CLT holds with any tie pattern.  Chosen over Welch on log1p(length): nothing
+      is estimated and the cap is one tie block, not an outlier; O(n log n) per window.  False-alarm
+      rate on real exact-decoder streams: benchmarks/twosample_false_alarms.py, docs/sidecar.md.
+    * ``"permutation"`` (offline ``score``, alpha 0.05-0.01): Monte-Carlo permutation test of the
+      difference of mean length ("did the cost change"), p = (1 + #{|perm| >= |obs|}) / (1 +
+      n_permutations): exact at every alpha for any data, but never below 1 / (1 + n_permutations),
+      so not for tiny streaming alphas.
     """
     if method not in LENGTH_METHODS:
         raise ValueError(f"length_test method must be one of {LENGTH_METHODS}, got {method!r}")
@@ -78,8 +72,8 @@ def length_test(a: Sequence[float], b: Sequence[float], method: str = "mannwhitn
 def _mannwhitney_ties(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """Two-sided tie-corrected Mann-Whitney: (z, p), normal approximation without continuity term.
 
-    Written out, not scipy's ``mannwhitneyu``, so that the benchmark can use the same formula
-    vectorised over many rounds. It is checked against scipy in tests/sidecar/test_detectors.py."""
+    Written out, not scipy's ``mannwhitneyu``, so that the benchmark can vectorise the same formula
+    (checked against scipy in tests/sidecar/test_detectors.py)."""
     from scipy.stats import norm, rankdata
 
     n, m = len(a), len(b)
@@ -119,12 +113,10 @@ def _permutation_mean_diff(a: np.ndarray, b: np.ndarray, n_permutations: int,
 def finish_reason_test(a: Sequence[str | None], b: Sequence[str | None]) -> TestResult:
     """Did the finish-reason mix change between ``a`` and ``b``?
 
-    The chi-square approximation is poor when expected counts are small. Real tables have a few
-    rare reasons (abort, error) next to a dominant one: ``length`` for 86% of the outputs when most
-    hit max_tokens. So categories whose expected count is below 5 in either row are merged into one
-    ``other`` column. When two columns remain (the usual stop-vs-length table), Fisher's exact test is
-    used: it is conditional and never anti-conservative. Chi-square is used only on tables with at
-    least three well-filled columns.
+    Real tables have rare reasons (abort, error) next to a dominant one, where the chi-square
+    approximation is poor: categories whose expected count is below 5 in either row are merged into
+    one ``other`` column, two columns (the usual stop vs length) get Fisher's exact test (conditional,
+    never anti-conservative), and chi-square only tables of three or more well-filled columns.
     """
     from scipy.stats import chi2_contingency, fisher_exact
 
