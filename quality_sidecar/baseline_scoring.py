@@ -105,15 +105,6 @@ def read_logprob(v: float) -> float:
     return -math.inf if v <= VLLM_NEG_INF else v
 
 
-# Keys of ``conformance:`` that were removed, with what to do instead: an old sidecar.yaml that still
-# sets one stops with this message (``cli.load_config``) rather than a bare "unknown config key".
-REMOVED_KEYS = {
-    "retries": "conformance.retries was removed: transient failures (timeouts, refused connections, "
-               "408/429/5xx) are now retried until the baseline server answers (backoff 0.5 s doubling, "
-               "capped at 30 s) and never given up, so there is no attempt limit to set; delete the key",
-}
-
-
 class LogprobClient:
     """Top-K log-probs of every position of a token sequence from an OpenAI-compatible server.
 

@@ -59,19 +59,6 @@ class MonitorConfig:
         return self.ert_total * N_DETECTORS
 
 
-# Keys of ``monitor:`` that were removed, with why and what to do instead: a config that still sets
-# one stops with this message (``ServiceConfig.from_dict``) rather than a bare "unknown config key".
-REMOVED_MONITOR_KEYS = {
-    "aa_mismatch_rate": "monitor.aa_mismatch_rate was removed: exact_match no longer tests against a configured "
-                        "A/A rate (a guess that, in bf16, sent exact decoders to rollback); it compares the "
-                        "candidate's mismatch rate with the baseline arm's measured one; delete the key",
-    "exact_match_delta": "monitor.exact_match_delta was removed: exact_match is a two-sample test now, not a "
-                         "CUSUM tuned to a shift; its false-alarm rate is the ERT of every chart (ert_total); delete the key",
-    "aa_min_pairs": "monitor.aa_min_pairs was replaced by monitor.exact_match_block: the candidate pairs per "
-                    "test, and the A/A pairs a source needs before exact_match gives any verdict",
-}
-
-
 @dataclass
 class Alarm:
     """A newly fired alarm, with what the alert sink needs to make it actionable."""
@@ -271,7 +258,6 @@ class StreamMonitor(StatefulDetector):
 
     def acceptance_rate(self) -> float:
         return float(np.mean(self.recent_acc)) if self.recent_acc else math.nan
-
 
 
 def _no_losses() -> dict[str, list[int]]:
