@@ -24,7 +24,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -287,14 +286,14 @@ class Service:
             self.http.heartbeat = time.monotonic()
         return len(records)
 
-    def _export_counts(self, worker: str, counts: dict[Any, int], counter: Any, wanted: Callable[[Any], bool],
-                       labels: Callable[[Any], tuple[str, ...]] = lambda k: (k,)) -> None:
+    def _export_counts(self, worker: str, counts: dict[Any, int], counter: Any,
+                       labels: Callable[[Any], tuple[str, ...]] = lambda k: k) -> None:
+        """Counters follow the workers' own counts (the workers never touch metrics)."""
         for key, n in list(counts.items()):
-            if wanted(key):
-                seen = self._reported.get((worker, *labels(key)), 0)
-                if n > seen:
-                    counter.labels(*labels(key)).inc(n - seen)
-                    self._reported[(worker, *labels(key))] = n
+            seen = self._reported.get((worker, *labels(key)), 0)
+            if n > seen:
+                counter.labels(*labels(key)).inc(n - seen)
+                self._reported[(worker, *labels(key))] = n
 
     def checkpoint(self, export_lag: bool = True) -> None:
         """Flush outputs, persist state, then commit: the order that makes crashes harmless."""
@@ -315,14 +314,14 @@ class Service:
         if self._fatal:
             return None
         self.pipeline.refresh_gauges()
-        # Counters follow the workers' own counts (the workers never touch metrics).
         if self.scorer is not None:
-            self._export_counts("scorer-skips", self.scorer.skips, self.metrics.conformance_skipped, bool, lambda k: k)
+            self._export_counts("scorer-skips", self.scorer.skips, self.metrics.conformance_skipped)
         if self.replay is not None:
-            self._export_counts("replay", self.replay.counts, self.metrics.replay_samples, lambda k: k != "submitted")
-            self._export_counts("replay-skips", self.replay.skips, self.metrics.replay_skipped, bool, lambda k: k)
+            outcomes = {k: n for k, n in list(self.replay.counts.items()) if k != "submitted"}
+            self._export_counts("replay", outcomes, self.metrics.replay_samples, lambda k: (k,))
+            self._export_counts("replay-skips", self.replay.skips, self.metrics.replay_skipped)
         for name, w in self.workers.items():
-            self._export_counts(f"{name}-failures", w.failures, self.metrics.worker_failed, lambda k: True,
+            self._export_counts(f"{name}-failures", w.failures, self.metrics.worker_failed,
                                 lambda k, name=name: (name, *k))
             self.metrics.baseline_up.labels(name).set(1 if w.up else 0)
         if export_lag:
@@ -384,13 +383,6 @@ class Service:
                 bar.close()
             self.close()
         return 0
-
-    def summary(self) -> dict[str, Any]:
-        p = self.pipeline
-        return {"counts": p.counts, "dlq_reasons": p.dlq_reasons, "alarms": p.alarm_log,
-                "streams": {f"{m}/{a}": {"samples": s.samples, "rates": s.behaviour_rates()}
-                            for (m, a), s in p.charts.streams.items()},
-                "config": asdict(self.cfg)}
 
     def close(self) -> None:
         for w in self.workers.values():

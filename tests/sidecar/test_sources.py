@@ -75,10 +75,10 @@ def test_the_service_reads_a_file_through_the_protocol(tmp_path) -> None:
     p.write_text("".join(json.dumps(s) + "\n" for s in samples) + "not json\n")
     svc = Service(ServiceConfig(source=f"file://{p}", state_path=str(tmp_path / "state.json"), progress=False))
     assert svc.run() == 0
-    summary = svc.summary()
-    assert summary["counts"] == {"samples": 60, "duplicates": 0, "dlq": 1}
-    assert {k: v["samples"] for k, v in summary["streams"].items()} == {
-        f"{samples[0]['model']}/baseline": 30, f"{samples[0]['model']}/candidate": 30}
+    counts = svc.pipeline.counts
+    assert counts == {"samples": 60, "duplicates": 0, "dlq": 1}
+    assert {k: s.samples for k, s in svc.pipeline.charts.streams.items()} == {
+        (samples[0]["model"], "baseline"): 30, (samples[0]["model"], "candidate"): 30}
     # a restart resumes after the checkpointed line: nothing is read or counted twice
     again = Service(ServiceConfig(source=f"file://{p}", state_path=str(tmp_path / "state.json"), progress=False))
-    assert again.run() == 0 and again.summary()["counts"] == summary["counts"]
+    assert again.run() == 0 and again.pipeline.counts == counts
