@@ -1,14 +1,11 @@
 """One-shot scoring of a JSONL file (``quality-sidecar score``): rates, tests between arms, T=0 pairs.
 
 Unlike the streaming detectors this uses conventional alpha = 0.05 two-sample tests with Holm across
-metrics (it answers "do these two arms differ in this file?", like the release gate does).  The
-length test is the Monte-Carlo permutation test of the mean (valid at these alphas with the ties and
-the max_tokens cap of real lengths; see ``length_test``).  With
-``baseline_url`` every T>0 sample is also scored under the baseline server: a PIT test per arm (exact
-under the null, so the candidate arm is judged on its own), the count of impossible tokens per arm
-(with the streaming chart's rule) and the likelihood shift between arms.  The exact checks (an EOS
-inside ``min_tokens``, a token outside ``allowed_token_ids``, a completed bad word) need no server and
-run on every sample, counted per arm with the same impossible-token chart.
+metrics (it answers "do these two arms differ in this file?", like the release gate), the length test
+as the permutation test of the mean (``length_test``).  With ``baseline_url`` every T>0 sample is also
+scored under the baseline server: PIT and excess tests per arm (exact under the null, so each arm is
+judged on its own), impossible tokens per arm (the streaming chart's rule) and the likelihood shift
+between arms.  The exact checks need no server and run on every sample.
 """
 
 from __future__ import annotations
