@@ -91,7 +91,6 @@ class Pipeline:
         for clf in self.classifiers:
             for f, v in zip(feats, classify_batch(clf, texts, prompts, rfs, frs)):
                 f.flags[v.name] = v.flagged
-                f.scores[v.name] = v.score
         for f, smp in zip(feats, samples):
             f.flags[UNSCORED] = isinstance(scorable(smp), str)
         return feats

@@ -41,20 +41,6 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else n
 
 
-def mcnemar_test(base_pass: Sequence[bool], new_pass: Sequence[bool]):
-    """Exact McNemar on paired pass/fail (binomial test on the discordant pairs)."""
-    from scipy.stats import binomtest
-
-    from .twosample import TestResult
-
-    b, n = np.asarray(base_pass, bool), np.asarray(new_pass, bool)
-    n10, n01 = int((b & ~n).sum()), int((~b & n).sum())
-    if n10 + n01 == 0:
-        return TestResult("mcnemar", 0.0, 1.0, "no discordant pairs")
-    p = binomtest(n10, n10 + n01, 0.5).pvalue
-    return TestResult("mcnemar", float((n01 - n10) / len(b)), float(p), f"n10={n10} n01={n01}")
-
-
 def excess_mismatch_pvalue(cand_pairs: int, cand_mism: int, aa_pairs: int, aa_mism: int) -> float:
     """One-sided Fisher exact p-value of "candidate mismatch rate > A/A mismatch rate"."""
     from scipy.stats import fisher_exact

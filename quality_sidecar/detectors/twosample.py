@@ -1,19 +1,10 @@
 """Two-sample tests for T>0 outputs (baseline vs candidate, or frozen reference vs current window).
 
 Plain functions, each returning ``TestResult(name, statistic, pvalue, detail)``, so the release gate
-can import them directly (documented in docs/sidecar.md):
-
-* ``length_test``      - tie-corrected Mann-Whitney (streaming) or a Monte-Carlo permutation test of
-                         the mean (offline). Lengths are discrete, heavily tied and capped at
-                         max_tokens, which makes Cramer-von Mises anti-conservative;
-* ``finish_reason_test`` - Fisher exact on 2 categories, else chi-square with sparse categories merged;
-* ``rate_test``        - Fisher exact test on a behavioural flag (refusal, format_invalid, ...);
-* ``text_mmd_test``    - MMD^2 on text embeddings (hashed word n-grams by default, MiniLM sentence
-                         embeddings as an option: ``embedders.py``), RBF kernel (median
-                         heuristic), permutation null (offline / gate);
-* ``linear_mmd_test``  - linear-time MMD with its asymptotic normal null (streaming: cheap, and
-                         valid at the tiny per-window alpha an ERT budget asks for);
-* ``holm``             - multiple-testing control across metrics.
+can import them directly (documented in docs/sidecar.md): ``length_test``, ``finish_reason_test``,
+``rate_test`` (a behavioural flag), ``text_mmd_test`` (permutation null: offline / gate),
+``linear_mmd_test`` (normal null: cheap, and valid at the tiny per-window alpha of the stream), and
+``holm`` across them.
 """
 
 from __future__ import annotations

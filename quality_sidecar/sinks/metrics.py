@@ -127,10 +127,9 @@ class Metrics:
 class HttpServer:
     """``/metrics``, ``/healthz``, ``/readyz`` and the alarm control endpoints, in a daemon thread."""
 
-    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0", stall_s: float = 60.0,
-                 control: Any = None):
+    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0", stall_s: float = 60.0):
         self.metrics, self.stall_s = metrics, stall_s
-        self.control = control  # a Pipeline: active_alarms(), acknowledge(), rebaseline()
+        self.control: Any = None  # set by the service: its Pipeline (active_alarms, acknowledge, rebaseline)
         self.ready = False
         self.heartbeat = time.monotonic()
         # name -> callable: /readyz is 503 while any returns False (a baseline server that keeps failing)
