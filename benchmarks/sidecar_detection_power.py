@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sidecar_detection_power.py \
         --json benchmarks/results/sidecar_detection_power.json
 
-Streams are synthetic (quality_sidecar/synth.py says how they are generated).  Sections:
+Streams are synthetic (tests/support/synth.py says how they are generated).  Sections:
 1. samples to detection, per injected regression (refusal +2 pp, 3% truncated, one corrupted token in
    2% of greedy outputs, acceptance x0.8, lengths x1.25): a 2,000-sample clean reference per arm,
    then the regression on the candidate arm; greedy outputs of both arms are paired with the baseline's
@@ -35,7 +35,7 @@ from quality_sidecar.detectors import BernoulliCUSUM, GaussianCUSUM  # noqa: E40
 from quality_sidecar.monitor import N_DETECTORS, MonitorConfig  # noqa: E402
 from quality_sidecar.pipeline import Pipeline  # noqa: E402
 from quality_sidecar.service import ServiceConfig  # noqa: E402
-from quality_sidecar.synth import REGRESSIONS, SampleStream  # noqa: E402
+from tests.support.synth import REGRESSIONS, SampleStream  # noqa: E402
 
 EXPECTED = {"refusal": "refusal", "truncation": "truncated", "corrupt_greedy": "exact_match",
             "acceptance": "acceptance_down", "length": "length_up"}
@@ -163,7 +163,7 @@ PRODUCER = r"""
 import json, sys, time
 from kafka import KafkaProducer
 sys.path.insert(0, sys.argv[4])
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 bootstrap, topic, rate, _root, seconds, warm = sys.argv[1:7]
 rate, seconds, warm = int(rate), int(seconds), int(warm)
 gen = SampleStream(seed=5, arm="candidate")

@@ -2,9 +2,8 @@
 
 Every alert event (``quality_sidecar.alert``) carries its entry's ``meaning`` and ``action``
 (``Pipeline._emit``), and docs/sidecar.md's table "What each alarm means and what to do" is rendered
-from this catalogue by ``scripts/gen_alarm_table.py`` (``--check``: tests/sidecar/test_alarm_catalogue.py
-fails when the table is stale), so the texts are written once.  ``note`` is docs-only detail: how the
-test works, which values a field takes.
+from this catalogue by ``scripts/gen_alarm_table.py``, so the texts are written once.  ``note`` is
+docs-only detail: how the test works, which values a field takes.
 
 An alarm name without an entry (the two-sample family's ``twosample_<metric>``: one per metric of the
 Holm family) gets the ``twosample_<metric>`` entry.
@@ -96,15 +95,3 @@ CATALOGUE: dict[str, AlarmText] = {
 def describe(detector: str) -> AlarmText:
     """The catalogue entry of an alarm name (``twosample_<metric>``'s for a name without one)."""
     return CATALOGUE.get(detector) or CATALOGUE[OTHER]
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def markdown_table() -> str:
-    """docs/sidecar.md's alarm table (the catalogue's order)."""
-    lines = ["| detector | meaning | what to do | detail |", "|---|---|---|---|"]
-    for name, t in CATALOGUE.items():
-        lines.append(f"| `{name}` | {_cell(t.meaning)} | {_cell(t.action)} | {_cell(t.note)} |")
-    return "\n".join(lines) + "\n"

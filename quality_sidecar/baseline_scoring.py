@@ -1,22 +1,13 @@
 """T>0 sampling conformance in the sidecar: score sampled outputs under a baseline server, chart them.
 
 For a fraction (``ConformanceConfig.fraction``) of the T>0 samples of each arm, a background worker
-asks the baseline server (``--baseline-url``, any OpenAI-compatible server that returns prompt
-log-probs: vLLM's ``prompt_logprobs`` extension, or ``echo`` + ``logprobs``) for the top-K log-probs
-of prompt + output, turns them into PIT values and token log-probs
-(``detectors.conformance_scoring.score_topk``) and feeds the PIT values to a two-sided CUSUM over the token
-stream per (model, arm) (``PitCusum``): reference-free, because the null is known exactly.  The candidate arm's
-chart is the alarm; the baseline arm's chart is the control (an alarm there means the scorer and the
-serving engine disagree: another model revision, dtype or sampler).  The mean token log-prob of each
-arm and their difference (nats/token, Welch CI) are exported as gauges.
-
-The request path is never touched: the sidecar calls the baseline server from its own thread.  No
-selected sample is ever dropped: while the scorer is behind, the service stops reading its source
-(``workers.py``), and offsets are committed only past samples whose scoring finished.  Tokens the
-sampler could not have drawn (top-p / top-k / min-p / vocabulary violated) feed the
-``impossible_tokens`` chart, which alarms at once (``ImpossibleTokenChart``).  Without a baseline URL,
-/metrics says so (``quality_sidecar_conformance_monitored 0``) and the docs say that T>0 conformance
-is not monitored.
+(``workers.py``: never drops a selected sample) asks the baseline server (``--baseline-url``, any
+OpenAI-compatible server that returns prompt log-probs: vLLM's ``prompt_logprobs``, or ``echo`` +
+``logprobs``) for the top-K log-probs of prompt + output, scores them
+(``detectors.conformance_scoring.score_topk``) and feeds the per-(model, arm) charts of
+``conformance_monitor.py``: reference-free, because the null is known exactly.  The candidate arm's
+chart is the alarm; the baseline arm's is the control (an alarm there means the scorer and the serving
+engine disagree: another model revision, dtype or sampler).  The request path is never touched.
 
 Cost per scored sample: one prefill of prompt + output on the baseline server (no decode), plus
 ~0.1 ms of numpy here (K = 20).
@@ -112,15 +103,6 @@ def read_logprob(v: float) -> float:
     """A log-prob from the server's JSON, with vLLM's -9999.0 stand-in (and below) read back as -inf."""
     v = float(v)
     return -math.inf if v <= VLLM_NEG_INF else v
-
-
-# Keys of ``conformance:`` that were removed, with what to do instead: an old sidecar.yaml that still
-# sets one stops with this message (``cli.load_config``) rather than a bare "unknown config key".
-REMOVED_KEYS = {
-    "retries": "conformance.retries was removed: transient failures (timeouts, refused connections, "
-               "408/429/5xx) are now retried until the baseline server answers (backoff 0.5 s doubling, "
-               "capped at 30 s) and never given up, so there is no attempt limit to set; delete the key",
-}
 
 
 class LogprobClient:

@@ -44,28 +44,24 @@ class Charts:
         return mon
 
     def comparison(self, model: str) -> ArmComparison:
-        cmp = self.compare.get(model)
-        if cmp is None:
-            cmp = self.compare[model] = ArmComparison(model, self.cfg.monitor)
-        return cmp
+        if model not in self.compare:
+            self.compare[model] = ArmComparison(model, self.cfg.monitor)
+        return self.compare[model]
 
     def pair_table(self, model: str) -> PairTable:
-        pt = self.pairs.get(model)
-        if pt is None:
-            pt = self.pairs[model] = PairTable(model, self.cfg.monitor)
-        return pt
+        if model not in self.pairs:
+            self.pairs[model] = PairTable(model, self.cfg.monitor)
+        return self.pairs[model]
 
     def conformance_monitor(self, model: str) -> ConformanceMonitor:
-        mon = self.conformance.get(model)
-        if mon is None:
-            mon = self.conformance[model] = ConformanceMonitor(model, self.cfg.conformance)
-        return mon
+        if model not in self.conformance:
+            self.conformance[model] = ConformanceMonitor(model, self.cfg.conformance)
+        return self.conformance[model]
 
     def repeat_chart(self, model: str) -> RepeatChart:
-        chart = self.repeats.get(model)
-        if chart is None:
-            chart = self.repeats[model] = RepeatChart()
-        return chart
+        if model not in self.repeats:
+            self.repeats[model] = RepeatChart()
+        return self.repeats[model]
 
     # --- all of them ------------------------------------------------------------------------------
     def refresh_gauges(self, m: Metrics) -> None:
@@ -138,32 +134,31 @@ class Charts:
         """Acknowledge latched alarms matching (detector, model, arm); ``None`` matches all.  The
         statistic of each acknowledged detector restarts (``Pipeline.acknowledge`` says why)."""
         done: list[dict[str, str]] = []
+
+        def latched(d: str, m: str, a: str, alarm: bool) -> bool:
+            """A per-arm alarm that matches: recorded as acknowledged (the caller restarts it)."""
+            hit = alarm and detector in (None, d) and model in (None, m) and arm in (None, a)
+            if hit:
+                done.append({"detector": d, "model": m, "arm": a})
+            return hit
+
         for (m, a), mon in self.streams.items():
             if model in (None, m) and arm in (None, a):
                 done += [{"detector": d, "model": m, "arm": a} for d in mon.acknowledge(detector)]
-        for m, cmp in self.compare.items():
+        for m, chart in [*self.compare.items(), *self.pairs.items()]:
             if model in (None, m) and arm in (None, "candidate"):
-                done += [{"detector": d, "model": m, "arm": "candidate"} for d in cmp.acknowledge(detector)]
-        for m, pt in self.pairs.items():
-            if model in (None, m) and arm in (None, "candidate"):
-                done += [{"detector": d, "model": m, "arm": "candidate"} for d in pt.acknowledge(detector)]
+                done += [{"detector": d, "model": m, "arm": "candidate"} for d in chart.acknowledge(detector)]
         for m, cm in self.conformance.items():
             for a, c in cm.charts.items():
-                if c.alarm_ and detector in (None, "sampling_conformance") and model in (None, m) \
-                        and arm in (None, a):
+                if latched("sampling_conformance", m, a, c.alarm_):
                     cm.reset(a, "sampling_conformance")
-                    done.append({"detector": "sampling_conformance", "model": m, "arm": a})
             for a, st in list(cm.impossible.arms.items()):
-                if st["alarm"] and detector in (None, "impossible_tokens") and model in (None, m) \
-                        and arm in (None, a):
+                if latched("impossible_tokens", m, a, st["alarm"]):
                     cm.reset(a, "impossible_tokens")
-                    done.append({"detector": "impossible_tokens", "model": m, "arm": a})
         for m, rc in self.repeats.items():
             for a, st in rc.arms.items():
-                if st["alarm"] and detector in (None, "repeated_samples") and model in (None, m) \
-                        and arm in (None, a):
+                if latched("repeated_samples", m, a, st["alarm"]):
                     rc.reset(a)
-                    done.append({"detector": "repeated_samples", "model": m, "arm": a})
         return done
 
     def rebaseline(self, model: str | None = None, arm: str | None = None) -> list[str]:
@@ -174,14 +169,11 @@ class Charts:
             if model in (None, m) and arm in (None, a):
                 mon.rebaseline()
                 done.append(f"stream {m}/{a}")
-        for m, cmp in self.compare.items():
-            if model in (None, m):
-                cmp.rebaseline()
-                done.append(f"twosample {m}")
-        for m, pt in self.pairs.items():
-            if model in (None, m):
-                pt.rebaseline()
-                done.append(f"exact_match {m}")
+        for kind, charts in (("twosample", self.compare), ("exact_match", self.pairs)):
+            for m, chart in charts.items():
+                if model in (None, m):
+                    chart.rebaseline()
+                    done.append(f"{kind} {m}")
         return done
 
     # --- state (the pipeline's state file holds it under these keys) ------------------------------
@@ -196,15 +188,12 @@ class Charts:
         for model, cs in (st.get("conformance") or {}).items():
             self.conformance_monitor(model).set_state(cs)
         for model, cs in (st.get("repeats") or {}).items():
-            self.repeats[model] = RepeatChart()
-            self.repeats[model].set_state(cs)
+            self.repeat_chart(model).set_state(cs)
         for key, ss in st["streams"].items():
             model, arm = key.split("\x1f")
             self.streams[(model, arm)] = StreamMonitor(model, arm, self.cfg.monitor)
             self.streams[(model, arm)].set_state(ss)
         for model, cs in (st.get("compare") or {}).items():
-            self.compare[model] = ArmComparison(model, self.cfg.monitor)
-            self.compare[model].set_state(cs)
+            self.comparison(model).set_state(cs)
         for model, ps in (st.get("pairs") or {}).items():
-            self.pairs[model] = PairTable(model, self.cfg.monitor)
-            self.pairs[model].set_state(ps)
+            self.pair_table(model).set_state(ps)

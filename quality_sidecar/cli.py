@@ -124,12 +124,6 @@ def load_config(path: str | None) -> dict[str, Any]:
     data = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the config must be a YAML mapping")
-    from .baseline_scoring import REMOVED_KEYS
-
-    conf = data.get("conformance")
-    removed = sorted(set(conf) & set(REMOVED_KEYS)) if isinstance(conf, dict) else []
-    if removed:
-        raise ValueError(f"{path}: " + "; ".join(REMOVED_KEYS[k] for k in removed))
     return data
 
 

@@ -9,7 +9,24 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .baseline_scoring import ConformanceConfig
-from .monitor import REMOVED_MONITOR_KEYS, MonitorConfig
+from .monitor import MonitorConfig
+
+# Keys that were removed, with why and what to do instead: a config that still sets one stops with this
+# message rather than a bare "unknown config key".
+REMOVED_KEYS = {
+    "monitor.aa_mismatch_rate": "monitor.aa_mismatch_rate was removed: exact_match no longer tests against a "
+                                "configured A/A rate (a guess that, in bf16, sent exact decoders to rollback); it "
+                                "compares the candidate's mismatch rate with the baseline arm's measured one; delete "
+                                "the key",
+    "monitor.exact_match_delta": "monitor.exact_match_delta was removed: exact_match is a two-sample test now, not a "
+                                 "CUSUM tuned to a shift; its false-alarm rate is the ERT of every chart (ert_total); "
+                                 "delete the key",
+    "monitor.aa_min_pairs": "monitor.aa_min_pairs was replaced by monitor.exact_match_block: the candidate pairs per "
+                            "test, and the A/A pairs a source needs before exact_match gives any verdict",
+    "conformance.retries": "conformance.retries was removed: transient failures (timeouts, refused connections, "
+                           "408/429/5xx) are now retried until the baseline server answers (backoff 0.5 s doubling, "
+                           "capped at 30 s) and never given up, so there is no attempt limit to set; delete the key",
+}
 
 
 @dataclass
@@ -47,9 +64,9 @@ class ServiceConfig:
         bad = set(d) - known
         mknown = {f.name for f in fields(MonitorConfig)}
         cknown = {f.name for f in fields(ConformanceConfig)}
-        removed = sorted(set(mon) & set(REMOVED_MONITOR_KEYS))
+        removed = sorted(({f"monitor.{k}" for k in mon} | {f"conformance.{k}" for k in conf}) & set(REMOVED_KEYS))
         if removed:
-            raise ValueError("; ".join(REMOVED_MONITOR_KEYS[k] for k in removed))
+            raise ValueError("; ".join(REMOVED_KEYS[k] for k in removed))
         if bad or set(mon) - mknown or set(conf) - cknown:
             raise ValueError(f"unknown config keys: "
                              f"{sorted(bad | (set(mon) - mknown) | {'conformance.' + k for k in set(conf) - cknown})}")

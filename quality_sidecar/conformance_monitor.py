@@ -19,8 +19,6 @@ from .detectors.conformance_scoring import SequenceScore
 class ConformanceMonitor:
     """Per-(model, arm) PIT/excess charts, the impossible-token chart and log-prob accumulators."""
 
-    STATE = ("stats",)
-
     def __init__(self, model: str, cfg: ConformanceConfig):
         self.model, self.cfg = model, cfg
         self.charts: dict[str, ConformanceChart] = {}

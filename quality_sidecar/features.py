@@ -24,7 +24,6 @@ class Features:
     text: str | None
     token_ids: list[int] | None
     flags: dict[str, bool] = field(default_factory=dict)
-    scores: dict[str, float] = field(default_factory=dict)
     embedding: Any = None  # text vector, filled lazily by the first two-sample test that needs it
 
 

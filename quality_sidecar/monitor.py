@@ -2,24 +2,19 @@
 
 This is where the false-alarm budget is spent.  Per (model, arm) stream the total ERT
 (``MonitorConfig.ert_total``, samples between false alarms, all detectors together) is split by the
-union bound over ``N_DETECTORS`` slots: eight CUSUM charts (refusal, format_invalid, unsafe,
-degenerate, truncated, length up, length down, acceptance down), the T=0 exact-match test and the
-windowed two-sample family (Holm inside it).  Each chart therefore runs at ERT = 10 x ert_total.
+union bound over ``N_DETECTORS`` slots (``MonitorConfig.ert_each``).
 
-Reference: the first ``reference_size`` samples of each stream are its frozen reference window
-(or a reference loaded from a file), after which the charts are calibrated and start.  The
-baseline-vs-candidate tests need no reference: they compare the two arms' latest windows.
-``rebaseline()`` drops a reference so the next ``reference_size`` samples become the new one.
-
-State: ``StreamMonitor``, ``ArmComparison`` and ``PairTable`` (pair_table.py) follow the
-``StatefulDetector`` protocol (quality_sidecar/detectors/base.py) like the charts they hold, so the service persists all
-of them.  Alarms latch until ``acknowledge(detector)``, which restarts that statistic.
+Reference: the first ``reference_size`` samples of each stream (or a reference loaded from a file)
+are its frozen reference window, on which the charts are calibrated; ``rebaseline()`` drops it.
+The baseline-vs-candidate tests need none: they compare the two arms' latest windows.  The monitors
+follow the ``StatefulDetector`` protocol (detectors/base.py), so the service persists them.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +36,8 @@ from .detectors.embedders import make_embedder
 from .features import Features
 
 RATE_CHARTS = (*CLASSIFIER_NAMES, "truncated")
-N_DETECTORS = len(RATE_CHARTS) + 3 + 1 + 1 + 1  # rates, length up/down + acceptance, exact match, two-sample,
-# evidence loss
+# rates, length up/down + acceptance, exact match, two-sample, evidence loss
+N_DETECTORS = len(RATE_CHARTS) + 3 + 1 + 1 + 1
 
 
 @dataclass
@@ -64,19 +59,6 @@ class MonitorConfig:
         return self.ert_total * N_DETECTORS
 
 
-# Keys of ``monitor:`` that were removed, with why and what to do instead: a config that still sets
-# one stops with this message (``ServiceConfig.from_dict``) rather than a bare "unknown config key".
-REMOVED_MONITOR_KEYS = {
-    "aa_mismatch_rate": "monitor.aa_mismatch_rate was removed: exact_match no longer tests against a configured "
-                        "A/A rate (a guess that, in bf16, sent exact decoders to rollback); it compares the "
-                        "candidate's mismatch rate with the baseline arm's measured one; delete the key",
-    "exact_match_delta": "monitor.exact_match_delta was removed: exact_match is a two-sample test now, not a "
-                         "CUSUM tuned to a shift; its false-alarm rate is the ERT of every chart (ert_total); delete the key",
-    "aa_min_pairs": "monitor.aa_min_pairs was replaced by monitor.exact_match_block: the candidate pairs per "
-                    "test, and the A/A pairs a source needs before exact_match gives any verdict",
-}
-
-
 @dataclass
 class Alarm:
     """A newly fired alarm, with what the alert sink needs to make it actionable."""
@@ -88,8 +70,16 @@ class Alarm:
     trace_ids: list[str] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)
 
+    @classmethod
+    def with_examples(cls, detector: str, model: str, arm: str, result: Result,
+                      examples: Iterable[tuple[str | None, str]]) -> Alarm:
+        """An alarm with its example (trace id, request id) pairs."""
+        ex = list(examples)
+        return cls(detector, model, arm, result, [t for t, _ in ex if t], [q for _, q in ex])
 
-def _flag_of(f: Features, name: str) -> bool:
+
+def flag_of(f: Features, name: str) -> bool:
+    """A rate chart's 0/1 value of a sample (``truncated`` is a feature, the rest classifier flags)."""
     return f.truncated if name == "truncated" else f.flags.get(name, False)
 
 
@@ -129,14 +119,12 @@ class StreamMonitor(StatefulDetector):
 
     def __init__(self, model: str, arm: str, cfg: MonitorConfig):
         self.model, self.arm, self.cfg = model, arm, cfg
-        self.ref: dict[str, list] = {k: [] for k in (*RATE_CHARTS, "loglen", "acceptance")}
-        self.charts: dict[str, object] = {}
+        self.rebaseline()
         self.samples = 0
         self.flag_counts = dict.fromkeys(RATE_CHARTS, 0)
         self.recent_flags = {k: deque(maxlen=cfg.window) for k in RATE_CHARTS}
         self.recent_acc: deque = deque(maxlen=cfg.window)
         self.examples = {k: deque(maxlen=5) for k in (*RATE_CHARTS, "recent")}
-        self.last: dict[str, Result] = {}
 
     @property
     def fitted(self) -> bool:
@@ -168,8 +156,9 @@ class StreamMonitor(StatefulDetector):
 
     def rebaseline(self) -> None:
         """Drop the reference and the charts: the next ``reference_size`` samples are the new reference."""
-        self.ref = {k: [] for k in (*RATE_CHARTS, "loglen", "acceptance")}
-        self.charts, self.last = {}, {}
+        self.ref: dict[str, list] = {k: [] for k in (*RATE_CHARTS, "loglen", "acceptance")}
+        self.charts: dict[str, Any] = {}
+        self.last: dict[str, Result] = {}
 
     def active_alarms(self) -> list[dict[str, Any]]:
         return [{"detector": k, "model": self.model, "arm": self.arm, "statistic": c.s_, "threshold": c.threshold_,
@@ -225,7 +214,7 @@ class StreamMonitor(StatefulDetector):
         take, rest = feats[:max(0, room)], feats[max(0, room):]
         for f in take:
             for k in RATE_CHARTS:
-                self.ref[k].append(_flag_of(f, k))
+                self.ref[k].append(flag_of(f, k))
             self.ref["loglen"].append(math.log1p(f.length))
             self.ref["acceptance"].append(f.acceptance)
         if len(self.ref["loglen"]) >= self.cfg.reference_size and not self.fitted:
@@ -239,7 +228,7 @@ class StreamMonitor(StatefulDetector):
         self.samples += len(feats)
         for f in feats:
             for k in RATE_CHARTS:
-                flag = _flag_of(f, k)
+                flag = flag_of(f, k)
                 self.recent_flags[k].append(flag)
                 if flag:
                     self.flag_counts[k] += 1
@@ -253,15 +242,15 @@ class StreamMonitor(StatefulDetector):
         alarms = []
         for name, chart in self.charts.items():
             if name in RATE_CHARTS:
-                r = chart.update([_flag_of(f, name) for f in live])
+                r = chart.update([flag_of(f, name) for f in live])
             elif name.startswith("length"):
                 r = chart.update([math.log1p(f.length) for f in live])
             else:
                 r = chart.update([f.acceptance for f in live])
             self.last[name] = r
             if r.alarm_new:
-                ex = self.examples.get(name, self.examples["recent"])
-                alarms.append(Alarm(name, self.model, self.arm, r, [t for t, _ in ex if t], [q for _, q in ex]))
+                alarms.append(Alarm.with_examples(name, self.model, self.arm, r,
+                                                  self.examples.get(name, self.examples["recent"])))
         return alarms
 
     def behaviour_rates(self) -> dict[str, float]:
@@ -270,6 +259,12 @@ class StreamMonitor(StatefulDetector):
     def acceptance_rate(self) -> float:
         return float(np.mean(self.recent_acc)) if self.recent_acc else math.nan
 
+
+def _no_losses() -> dict[str, list[int]]:
+    """T>0 samples the conformance scorer finished, per arm: [given up, finished].  A fault that makes
+    outputs unscorable (token ids the baseline server rejects: a 400) removes its own evidence; the
+    share given up per arm shows it."""
+    return {"baseline": [0, 0], "candidate": [0, 0]}
 
 
 class ArmComparison(StatefulDetector):
@@ -290,14 +285,8 @@ class ArmComparison(StatefulDetector):
     def __init__(self, model: str, cfg: MonitorConfig):
         self.model, self.cfg = model, cfg
         self.win = {a: deque(maxlen=cfg.window) for a in ("baseline", "candidate")}
-        self.pending = 0
         self.alpha = cfg.window / cfg.ert_each
-        self.alarm = False
-        self.last: dict[str, Result] = {}
-        # T>0 samples the conformance scorer finished, per arm: [given up, finished].  A fault that
-        # makes outputs unscorable (token ids the baseline server rejects: a 400) removes its own
-        # evidence; the share given up per arm shows it.
-        self.lost: dict[str, list[int]] = {"baseline": [0, 0], "candidate": [0, 0]}
+        self.rebaseline()
 
     def scorer_finished(self, arm: str, given_up: bool) -> list[Alarm]:
         """Count one scored (or given-up) T>0 sample.  At each candidate give-up, one-sided Fisher exact
@@ -313,17 +302,21 @@ class ArmComparison(StatefulDetector):
         from scipy.stats import fisher_exact
 
         p = float(fisher_exact([[kc, nc - kc], [kb, nb - kb]], alternative="greater")[1])
-        alpha = 1.0 / self.cfg.ert_each
-        prev = self.last.get("evidence_loss")
-        fire = p < alpha and not (prev and prev.alarm)
-        r = Result("twosample_evidence_loss", kc / nc, alpha, fire or bool(prev and prev.alarm), alarm_new=fire,
-                   pvalue=p, n=nc, extra={"detail": f"given up: candidate {kc}/{nc}, baseline {kb}/{nb}"})
-        self.last["evidence_loss"] = r
-        return [Alarm(r.detector, self.model, "candidate", r, [], [])] if fire else []
+        r = self._latch("evidence_loss", kc / nc, 1.0 / self.cfg.ert_each, p, nc,
+                        {"detail": f"given up: candidate {kc}/{nc}, baseline {kb}/{nb}"})
+        return [Alarm(r.detector, self.model, "candidate", r)] if r.alarm_new else []
+
+    def _latch(self, key: str, statistic: float, alpha: float, p: float, n: int, extra: dict[str, Any]) -> Result:
+        """The test's Result (``twosample_<key>``); an alarm latches until ``acknowledge``."""
+        latched = key in self.last and self.last[key].alarm
+        fire = bool(p < alpha)
+        r = self.last[key] = Result(f"twosample_{key}", statistic, alpha, fire or latched,
+                                    alarm_new=fire and not latched, pvalue=p, n=n, extra=extra)
+        return r
 
     def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
         if version == 1:  # before the evidence-loss counts
-            return {**st, "version": 2, "state": {**st["state"], "lost": {"baseline": [0, 0], "candidate": [0, 0]}}}
+            return {**st, "version": 2, "state": {**st["state"], "lost": _no_losses()}}
         return super()._upgrade_state(st, version)
 
     def _embedded(self, feats: list[Features]) -> np.ndarray:
@@ -345,7 +338,7 @@ class ArmComparison(StatefulDetector):
         b, c = list(self.win["baseline"]), list(self.win["candidate"])
         tests = [length_test([f.length for f in b], [f.length for f in c], method="mannwhitney"),
                  finish_reason_test([f.finish_reason for f in b], [f.finish_reason for f in c])]
-        tests += [rate_test([_flag_of(f, k) for f in b], [_flag_of(f, k) for f in c], name=k)
+        tests += [rate_test([flag_of(f, k) for f in b], [flag_of(f, k) for f in c], name=k)
                   for k in (*RATE_CHARTS, UNSCORED)]
         if self.cfg.text_test:
             m = min(len(b), len(c)) // 2 * 2
@@ -353,15 +346,11 @@ class ArmComparison(StatefulDetector):
         adj = holm([t.pvalue for t in tests])
         alarms = []
         for t, p in zip(tests, adj):
-            fire = bool(p < self.alpha)
-            prev = self.last.get(t.name)
-            r = Result(f"twosample_{t.name}", t.statistic, self.alpha, fire or bool(prev and prev.alarm),
-                       alarm_new=fire and not (prev and prev.alarm), pvalue=float(p), n=len(c),
-                       extra={"detail": t.detail, "raw_pvalue": t.pvalue})
-            self.last[t.name] = r
+            r = self._latch(t.name, t.statistic, self.alpha, float(p), len(c),
+                            {"detail": t.detail, "raw_pvalue": t.pvalue})
             if r.alarm_new:
-                alarms.append(Alarm(r.detector, self.model, "candidate", r,
-                                    [f.trace_id for f in c[-5:] if f.trace_id], [f.request_id for f in c[-5:]]))
+                alarms.append(Alarm.with_examples(r.detector, self.model, "candidate", r,
+                                                  [(f.trace_id, f.request_id) for f in c[-5:]]))
         return alarms
 
     def active_alarms(self) -> list[dict[str, Any]]:
@@ -376,15 +365,16 @@ class ArmComparison(StatefulDetector):
                 r.alarm = False
                 done.append(r.detector)
         if "twosample_evidence_loss" in done:  # counts restart: the acknowledged evidence is not re-fired
-            self.lost = {"baseline": [0, 0], "candidate": [0, 0]}
+            self.lost = _no_losses()
         return done
 
     def rebaseline(self) -> None:
         """Start both windows afresh (e.g. after an intended change of the baseline)."""
         for w in self.win.values():
             w.clear()
-        self.pending, self.last = 0, {}
-        self.lost = {"baseline": [0, 0], "candidate": [0, 0]}
+        self.pending = 0
+        self.last: dict[str, Result] = {}
+        self.lost = _no_losses()
 
     def _encode_state(self, name: str, value: Any) -> Any:
         if name == "win":

@@ -1,14 +1,11 @@
 """One-shot scoring of a JSONL file (``quality-sidecar score``): rates, tests between arms, T=0 pairs.
 
 Unlike the streaming detectors this uses conventional alpha = 0.05 two-sample tests with Holm across
-metrics (it answers "do these two arms differ in this file?", like the release gate does).  The
-length test is the Monte-Carlo permutation test of the mean (valid at these alphas with the ties and
-the max_tokens cap of real lengths; see ``length_test``).  With
-``baseline_url`` every T>0 sample is also scored under the baseline server: a PIT test per arm (exact
-under the null, so the candidate arm is judged on its own), the count of impossible tokens per arm
-(with the streaming chart's rule) and the likelihood shift between arms.  The exact checks (an EOS
-inside ``min_tokens``, a token outside ``allowed_token_ids``, a completed bad word) need no server and
-run on every sample, counted per arm with the same impossible-token chart.
+metrics (it answers "do these two arms differ in this file?", like the release gate), the length test
+as the permutation test of the mean (``length_test``).  With ``baseline_url`` every T>0 sample is also
+scored under the baseline server: PIT and excess tests per arm (exact under the null, so each arm is
+judged on its own), impossible tokens per arm (the streaming chart's rule) and the likelihood shift
+between arms.  The exact checks need no server and run on every sample.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from .detectors import (
     text_mmd_test,
 )
 from .detectors.embedders import make_embedder
-from .monitor import RATE_CHARTS
+from .monitor import RATE_CHARTS, flag_of
 from .pipeline import Pipeline
 from .sinks import JsonWriter
 
@@ -177,16 +174,13 @@ def score_file(path: str, conf: dict[str, Any], dlq: str | None = None, permutat
                               "exact_checks": exact_checks_report(samples, conf)}
     for arm, fs in by_arm.items():
         report["arms"][arm] = {"samples": len(fs),
-                               "rates": {k: sum(f.truncated if k == "truncated" else f.flags.get(k, False)
-                                                for f in fs) / len(fs) for k in RATE_CHARTS},
+                               "rates": {k: sum(flag_of(f, k) for f in fs) / len(fs) for k in RATE_CHARTS},
                                "mean_length_tokens": sum(f.length for f in fs) / len(fs)}
     b, c = by_arm.get("baseline", []), by_arm.get("candidate", [])
     if b and c:
         tests = [length_test([f.length for f in b], [f.length for f in c], method="permutation"),
                  finish_reason_test([f.finish_reason for f in b], [f.finish_reason for f in c])]
-        tests += [rate_test([f.truncated if k == "truncated" else f.flags.get(k, False) for f in b],
-                            [f.truncated if k == "truncated" else f.flags.get(k, False) for f in c], name=k)
-                  for k in RATE_CHARTS]
+        tests += [rate_test([flag_of(f, k) for f in b], [flag_of(f, k) for f in c], name=k) for k in RATE_CHARTS]
         tests.append(text_mmd_test([f.text for f in b], [f.text for f in c], n_permutations=permutations,
                                    embed=make_embedder(cfg.monitor.text_embedder)))
         adj = holm([t.pvalue for t in tests])

@@ -77,8 +77,7 @@ class PairTable(StatefulDetector):
         r = self.detector.update(pairs, source)
         self.last = r
         if r.alarm_new:
-            ex = list(self.mismatch_examples)
-            return [Alarm("exact_match", self.model, "candidate", r, [t for t, _ in ex if t], [q for _, q in ex])]
+            return [Alarm.with_examples("exact_match", self.model, "candidate", r, self.mismatch_examples)]
         return []
 
     def active_alarms(self) -> list[dict[str, Any]]:

@@ -91,7 +91,6 @@ class Pipeline:
         for clf in self.classifiers:
             for f, v in zip(feats, classify_batch(clf, texts, prompts, rfs, frs)):
                 f.flags[v.name] = v.flagged
-                f.scores[v.name] = v.score
         for f, smp in zip(feats, samples):
             f.flags[UNSCORED] = isinstance(scorable(smp), str)
         return feats
@@ -284,8 +283,7 @@ class Pipeline:
         """The impossible-token chart's new alarm (with its example traces), if this update raised one."""
         if not r.alarm_new:
             return []
-        ex = mon.impossible_examples.get(arm, [])
-        return [Alarm("impossible_tokens", model, arm, r, [t for t, _ in ex if t], [q for _, q in ex])]
+        return [Alarm.with_examples("impossible_tokens", model, arm, r, mon.impossible_examples.get(arm, []))]
 
     def add_replay_pair(self, sample: dict[str, Any], baseline: dict[str, Any]) -> None:
         """Callback of the replay worker: pair a greedy or seeded T>0 output with the baseline server's
@@ -318,9 +316,7 @@ class Pipeline:
                 self.metrics.impossible.labels(model, arm, reason).inc(n)
             self._emit(self._impossible_alarms(mon, model, arm, ri))
             if r.alarm_new:
-                ex = mon.examples.get(arm, [])
-                self._emit([Alarm("sampling_conformance", model, arm, r, [t for t, _ in ex if t],
-                                  [q for _, q in ex])])
+                self._emit([Alarm.with_examples("sampling_conformance", model, arm, r, mon.examples.get(arm, []))])
 
     def _emit(self, alarms: list[Alarm]) -> None:
         for a in alarms:

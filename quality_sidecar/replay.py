@@ -1,17 +1,14 @@
 """Replays greedy and seeded prompts against a baseline OpenAI-compatible server (``--baseline-url``).
 
-The sidecar re-asks a baseline server (vLLM without lookahead) for a sampled fraction of greedy
-prompts, and of seeded T>0 prompts of decoders that keep vLLM's seed promise
-(``decoder.seeded_exact``), and pairs the answers for the exact match detector (sources ``replay``
-and ``seeded``; baseline-arm samples give the A/A reference).  Requests go through the shared worker
-(``workers.py``): one thread, retries with
-backoff, and backpressure on the consumer instead of dropped prompts.
+A sampled fraction of greedy prompts, and of seeded T>0 prompts of decoders that keep vLLM's seed
+promise (``decoder.seeded_exact``), is re-asked of a baseline server (vLLM without lookahead) through
+the shared worker (``workers.py``), and the answers are paired for the exact match detector (sources
+``replay`` and ``seeded``; baseline-arm samples give the A/A reference).
 
 A replay is only a fair comparison at the serving dtype: a bf16 output replayed on an fp32 server
-(or the reverse) differs by rounding, not by decoding.  The server's dtype is what the operator
-states (``baseline_dtype`` / ``--baseline-dtype``; vLLM 0.32's OpenAI server does not report it:
-``/v1/models`` has no dtype, ``/metrics`` only the KV-cache dtype, ``/server_info`` needs dev mode).
-A sample whose ``decoder.dtype`` (schema 1.4) differs is skipped as ``dtype_mismatch``.
+differs by rounding, not by decoding.  The server's dtype is what the operator states
+(``--baseline-dtype``: vLLM 0.32's OpenAI server reports it nowhere usable); a sample whose
+``decoder.dtype`` differs is skipped as ``dtype_mismatch``.
 """
 
 from __future__ import annotations

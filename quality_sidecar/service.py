@@ -9,13 +9,9 @@ is lost (uncommitted records are redelivered) and nothing is counted twice.
 
 Baseline-server workers (T>0 scorer, T=0 replay): a sample handed to one is *pending* until the
 worker is done with it; offsets are committed only below the oldest pending sample, and the
-checkpoint lists the pending request ids, so that after a crash those records come back and go to
-their worker again (their other counts are already in the state).  While a worker is behind, the
-source is paused (``_backpressure``): a consumer catching up on lag scores what a live one would.
-
-The service owns the source (any ``sources.Source``: it never looks at the URL), the sinks, the
-HTTP server and the workers; the per-record work is the pipeline's (pipeline.py), the charts are in
-charts.py and the alarm texts in alarms.py.
+checkpoint lists the pending request ids, so after a crash those records go to their worker again
+(their other counts are already in the state).  While a worker is behind, the source is paused
+(``_backpressure``).  The per-record work is the pipeline's (pipeline.py).
 """
 
 from __future__ import annotations
@@ -28,7 +24,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -224,8 +219,8 @@ class Service:
         if self._backpressure():  # check again soon: resume as soon as the workers have caught up
             timeout_s = min(timeout_s, 0.01)
         records = self.source.poll(timeout_s, self.cfg.max_poll_records)
-        # Micro-batching: a live topic hands out a few records per poll, and each process() call has
-        # a fixed cost (vectoriser, chart updates) of a few ms; gather up to ``batch_linger_s`` more.
+        # Micro-batching: a live topic hands out a few records per poll, and each batch has a fixed
+        # cost (vectoriser, chart updates) of a few ms; gather up to ``batch_linger_s`` more.
         deadline = time.monotonic() + self.cfg.batch_linger_s
         rebalances = self.source.rebalances
         dropped: list = []
@@ -291,14 +286,14 @@ class Service:
             self.http.heartbeat = time.monotonic()
         return len(records)
 
-    def _export_counts(self, worker: str, counts: dict[Any, int], counter: Any, wanted: Callable[[Any], bool],
-                       labels: Callable[[Any], tuple[str, ...]] = lambda k: (k,)) -> None:
+    def _export_counts(self, worker: str, counts: dict[Any, int], counter: Any,
+                       labels: Callable[[Any], tuple[str, ...]] = lambda k: k) -> None:
+        """Counters follow the workers' own counts (the workers never touch metrics)."""
         for key, n in list(counts.items()):
-            if wanted(key):
-                seen = self._reported.get((worker, *labels(key)), 0)
-                if n > seen:
-                    counter.labels(*labels(key)).inc(n - seen)
-                    self._reported[(worker, *labels(key))] = n
+            seen = self._reported.get((worker, *labels(key)), 0)
+            if n > seen:
+                counter.labels(*labels(key)).inc(n - seen)
+                self._reported[(worker, *labels(key))] = n
 
     def checkpoint(self, export_lag: bool = True) -> None:
         """Flush outputs, persist state, then commit: the order that makes crashes harmless."""
@@ -319,14 +314,14 @@ class Service:
         if self._fatal:
             return None
         self.pipeline.refresh_gauges()
-        # Counters follow the workers' own counts (the workers never touch metrics).
         if self.scorer is not None:
-            self._export_counts("scorer-skips", self.scorer.skips, self.metrics.conformance_skipped, bool, lambda k: k)
+            self._export_counts("scorer-skips", self.scorer.skips, self.metrics.conformance_skipped)
         if self.replay is not None:
-            self._export_counts("replay", self.replay.counts, self.metrics.replay_samples, lambda k: k != "submitted")
-            self._export_counts("replay-skips", self.replay.skips, self.metrics.replay_skipped, bool, lambda k: k)
+            outcomes = {k: n for k, n in list(self.replay.counts.items()) if k != "submitted"}
+            self._export_counts("replay", outcomes, self.metrics.replay_samples, lambda k: (k,))
+            self._export_counts("replay-skips", self.replay.skips, self.metrics.replay_skipped)
         for name, w in self.workers.items():
-            self._export_counts(f"{name}-failures", w.failures, self.metrics.worker_failed, lambda k: True,
+            self._export_counts(f"{name}-failures", w.failures, self.metrics.worker_failed,
                                 lambda k, name=name: (name, *k))
             self.metrics.baseline_up.labels(name).set(1 if w.up else 0)
         if export_lag:
@@ -364,16 +359,14 @@ class Service:
         if progress is not None:
             from tqdm import tqdm
 
-            bar = tqdm(total=progress[1], unit="B", unit_scale=True, desc="scoring samples",
-                       file=None, dynamic_ncols=True)
+            bar = tqdm(total=progress[1], unit="B", unit_scale=True, desc="scoring samples", dynamic_ncols=True)
         last = time.monotonic()
         try:
             while not self.stopping.is_set():
                 self.step()
                 if self.http is not None and not self.http.ready and self.source.ready:
                     self.http.ready = True
-                progress = self.source.progress() if bar is not None else None
-                if bar is not None and progress is not None:
+                if bar is not None and (progress := self.source.progress()) is not None:
                     bar.update(progress[0] - bar.n)
                     bar.set_postfix(samples=self.pipeline.counts["samples"], dlq=self.pipeline.counts["dlq"])
                 if time.monotonic() - last >= self.cfg.commit_interval_s:
@@ -390,13 +383,6 @@ class Service:
                 bar.close()
             self.close()
         return 0
-
-    def summary(self) -> dict[str, Any]:
-        p = self.pipeline
-        return {"counts": p.counts, "dlq_reasons": p.dlq_reasons, "alarms": p.alarm_log,
-                "streams": {f"{m}/{a}": {"samples": s.samples, "rates": s.behaviour_rates()}
-                            for (m, a), s in p.charts.streams.items()},
-                "config": asdict(self.cfg)}
 
     def close(self) -> None:
         for w in self.workers.values():

@@ -1,27 +1,24 @@
 """One background-worker shape for everything the sidecar asks a baseline server.
 
-Both the T=0 replay (``replay.py``) and the T>0 conformance scorer (``baseline_scoring.py``) take a sampled
-fraction of samples off the consumer loop, call a remote server, and hand the result on.  They share
-the rules that keep the evidence whole, so the rules live here once:
+The T=0 replay (``replay.py``) and the T>0 conformance scorer (``baseline_scoring.py``) both take a
+sampled fraction of samples off the consumer loop to a remote server; the rules that keep their
+evidence whole live here once:
 
-- **no drops**: a selected sample is always queued.  The queue is unbounded; ``saturated`` (with
-  hysteresis: on at ``max_queue`` unfinished items, off at half) tells the service to stop reading
-  (pause its Kafka partitions, stop reading a file) until the worker catches up.  A consumer that
-  catches up on lag after a restart therefore scores exactly what a live one would, in the same order;
+- **no drops**: a selected sample is always queued (unbounded); ``saturated`` (on at ``max_queue``
+  unfinished items, off at half) makes the service stop reading its source until the worker catches
+  up, so a consumer catching up on lag scores exactly what a live one would, in the same order;
 - **an outage delays, never drops**: a transient failure (timeout, connection refused, 408 / 429 /
-  5xx) is retried in place, with exponential backoff capped at ``RetryPolicy.max_backoff_s`` (30 s),
-  for as long as it lasts: the sample stays at the head of the queue, the queue fills, ``saturated``
-  pauses the source, and the stream resumes where it stopped when the server is back.  Only a
-  non-transient answer (the server rejects the request: 4xx; a malformed answer) gives a sample up,
-  reported to ``on_failure(sample, reason)`` and counted per ``(arm, reason)`` in ``failures``.  On
-  ``close`` a sample still being retried is neither done nor given up: it stays pending for the
-  service, which never commits past it, so a restart redoes it;
-- ``up`` goes False after ``RetryPolicy.down_after`` failed attempts in a row (the service turns it
-  into ``/readyz`` 503 and ``quality_sidecar_baseline_up 0``) and True at the next success;
-- the worker never touches metrics: ``counts``/``failures`` are its outputs besides the callbacks,
-  so it stays testable without a registry;
-- one thread, FIFO, retries in place: results arrive in submission order whatever the speed, so the
-  sample at which a chart first alarms does not depend on how fast the stream was read.
+  5xx) is retried in place, with exponential backoff capped at 30 s, for as long as it lasts; the
+  queue fills and ``saturated`` pauses the source.  Only a non-transient answer (4xx, a malformed
+  answer) gives a sample up, to ``on_failure(sample, reason)`` and ``failures[(arm, reason)]``.  A
+  sample still being retried at ``close`` stays pending for the service, which never commits past
+  it, so a restart redoes it;
+- ``up`` goes False after ``RetryPolicy.down_after`` failed attempts in a row (``/readyz`` 503,
+  ``quality_sidecar_baseline_up 0``) and True at the next success;
+- no metrics here (``counts``/``failures`` are the outputs), so the worker is testable without a
+  registry;
+- one thread, FIFO: results arrive in submission order whatever the speed, so the sample at which a
+  chart first alarms does not depend on how fast the stream was read.
 """
 
 from __future__ import annotations

@@ -21,7 +21,19 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from doc_block import run  # noqa: E402 (scripts/, beside this file)
 
-from quality_sidecar.alarms import markdown_table  # noqa: E402 (after the path set-up; pure Python)
+from quality_sidecar.alarms import CATALOGUE  # noqa: E402 (after the path set-up; pure Python)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_table() -> str:
+    """docs/sidecar.md's alarm table (the catalogue's order)."""
+    lines = ["| detector | meaning | what to do | detail |", "|---|---|---|---|"]
+    for name, t in CATALOGUE.items():
+        lines.append(f"| `{name}` | {_cell(t.meaning)} | {_cell(t.action)} | {_cell(t.note)} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,10 +6,8 @@ max_tokens) or to stop early.  Signals, all O(n) on whitespace tokens:
 * ``repeat_ratio``: share of word 4-grams that already occurred earlier in the output;
 * ``tail_loop``: the longest period (in words) whose repetition makes up the end of the output, and
   how many times it repeats;
-* empty output, and truncation (``finish_reason`` in length/abort/error) reported in ``detail``.
-
-Truncation alone is not "degenerate" (code models hit max_tokens all the time); the service tracks
-the truncation rate separately (see ``quality_sidecar.features``).
+* empty output; truncation (``finish_reason`` in length/abort/error) is only reported in ``detail``:
+  code models hit max_tokens all the time, and the service charts truncation separately.
 """
 
 from __future__ import annotations

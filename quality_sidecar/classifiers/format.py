@@ -133,11 +133,10 @@ class FormatClassifier:
 
     name = "format_invalid"
 
-    def __init__(self, check_code: bool = True, code_fraction: float = 1.0):
+    def __init__(self, code_fraction: float = 1.0):
         """``code_fraction`` < 1 syntax-checks only that share of code outputs (chosen by a hash of
         the text, so deterministic): parsing costs ~0.2 ms per output, the largest single cost of the
         sidecar's hot path.  Unchecked outputs are reported "not judged" and never flagged."""
-        self.check_code = check_code
         self.code_fraction = code_fraction
 
     def classify(self, text: str | None, *, prompt: str | None = None,
@@ -154,7 +153,7 @@ class FormatClassifier:
             ok, why = check_json(text, None)
             if ok:
                 return Verdict(self.name, False, 0.0, why)
-        if self.check_code and looks_like_python(text, prompt):
+        if looks_like_python(text, prompt):
             if self.code_fraction < 1.0 and (zlib.crc32(text.encode()) % 10_000) >= self.code_fraction * 10_000:
                 return Verdict(self.name, False, 0.0, "not judged: outside code_fraction")
             ok_py, why = check_python(text, prompt, truncated)

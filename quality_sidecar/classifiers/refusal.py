@@ -1,8 +1,9 @@
 """Refusal detection: explicit patterns OR a scikit-learn text classifier.
 
 The model (word 1-2 gram TF-IDF + logistic regression, liblinear, so training is deterministic) is
-trained at load time from the shipped dataset ``data/refusal_v1.jsonl`` (~3k rows, < 1 s), so the
-repository ships data and code, never a pickle that could drift from them.  Only the first 400
+trained at load time from the shipped dataset ``data/refusal_v1.jsonl`` (~3k rows, < 1 s; built by
+scripts/gen_refusal_data.py), so the repository ships data and code, never a pickle that could drift
+from them.  Only the first 400
 characters are scored: refusals are stated up front, and it keeps the hot path cheap.
 """
 
@@ -12,12 +13,12 @@ import json
 import re
 from collections.abc import Sequence
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .base import Verdict
-from .refusal_data import DATA_FILE
+
+DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "refusal_v1.jsonl"
 
 HEAD_CHARS = 400
 PATTERN = re.compile(
@@ -51,24 +52,6 @@ def train_model(split: str = "train"):
     )
     model.fit(texts, labels)
     return model
-
-
-def held_out_report() -> dict[str, float]:
-    """Precision/recall of the train-split model on the held-out families (and of model|patterns)."""
-    model = train_model("train")
-    test = [r for r in load_dataset() if r["split"] == "test"]
-    y = np.array([r["label"] for r in test])
-    clf = RefusalClassifier(model=model)
-    pred_model = model.predict_proba([r["text"][:HEAD_CHARS] for r in test])[:, 1] >= 0.5
-    pred_all = np.array([clf.classify(r["text"]).flagged for r in test])
-
-    def pr(pred: np.ndarray) -> tuple[float, float]:
-        tp = int((pred & (y == 1)).sum())
-        return tp / max(1, int(pred.sum())), tp / max(1, int((y == 1).sum()))
-
-    (pm, rm), (pa, ra) = pr(pred_model), pr(pred_all)
-    return {"n_test": len(test), "n_test_refusals": int((y == 1).sum()),
-            "model_precision": pm, "model_recall": rm, "combined_precision": pa, "combined_recall": ra}
 
 
 class RefusalClassifier:

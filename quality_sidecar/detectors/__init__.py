@@ -6,22 +6,19 @@ T>0 charts: ``conformance_charts`` (``ConformanceChart`` over ``PitCusum``/``Exc
 ``conformance_stats``; ``repeats.RepeatChart``.  ``ImpossibleTokenChart`` and ``RepeatChart`` keep
 per-arm counts judged against the control arm (``base.ArmControlChart``).
 Two-sample tests (T>0, also used by the release gate): ``length_test``, ``finish_reason_test``,
-``rate_test``, ``text_mmd_test``, ``linear_mmd_test``, ``mcnemar_test``, with ``holm`` /
-``benjamini_hochberg`` across metrics, and ``WindowedTwoSample`` to run them on a stream.
+``rate_test``, ``text_mmd_test``, ``linear_mmd_test``, with ``holm`` across metrics.
 The contract: every detector and chart here is a ``base.Detector`` by subclassing ``StatefulDetector``
 (declared ``STATE``, versioned JSON-safe ``get_state``/``set_state``, ``update(...) -> Result``,
 ``reset``, ``acknowledge``); tests/sidecar/test_detector_contract.py enumerates them.
 Text embedders for the MMD tests (``hashed`` default, ``minilm`` optional): ``embedders.py``.
 """
 
-from .base import ArmControlChart, Detector, Result, StatefulDetector, split_budget, to_jsonable
+from .base import ArmControlChart, Detector, Result, StatefulDetector, to_jsonable
 from .cusum import BernoulliCUSUM, GaussianCUSUM, calibrate_threshold
 from .embedders import HashedNgramEmbedder, MiniLMEmbedder, make_embedder
-from .exact_match import PairedExactMatch, first_divergence, mcnemar_test
+from .exact_match import PairedExactMatch, first_divergence
 from .twosample import (
     TestResult,
-    WindowedTwoSample,
-    benjamini_hochberg,
     finish_reason_test,
     holm,
     length_test,
@@ -32,6 +29,7 @@ from .twosample import (
     text_mmd_test,
 )
 
-__all__ = ["ArmControlChart", "BernoulliCUSUM", "Detector", "GaussianCUSUM", "HashedNgramEmbedder", "MiniLMEmbedder", "make_embedder", "PairedExactMatch", "Result", "StatefulDetector", "TestResult", "WindowedTwoSample",
-           "benjamini_hochberg", "calibrate_threshold", "finish_reason_test", "first_divergence", "holm",
-           "length_test", "linear_mmd", "linear_mmd_test", "mcnemar_test", "mmd_permutation_test", "rate_test", "split_budget", "text_mmd_test", "to_jsonable"]
+__all__ = ["ArmControlChart", "BernoulliCUSUM", "Detector", "GaussianCUSUM", "HashedNgramEmbedder", "MiniLMEmbedder",
+           "PairedExactMatch", "Result", "StatefulDetector", "TestResult", "calibrate_threshold",
+           "finish_reason_test", "first_divergence", "holm", "length_test", "linear_mmd", "linear_mmd_test",
+           "make_embedder", "mmd_permutation_test", "rate_test", "text_mmd_test", "to_jsonable"]

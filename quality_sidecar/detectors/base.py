@@ -1,43 +1,32 @@
-"""Shared result type, the detector contract and the false-alarm budget arithmetic.
+"""Shared result type, the detector contract and its state protocol.
 
 **The contract (``Detector``).** Every detector and chart of ``quality_sidecar.detectors`` subclasses
-``StatefulDetector`` and so is a ``Detector``: declared, versioned state (``STATE``,
-``STATE_VERSION``, ``get_state``/``set_state``), ``update(...) -> Result`` (the arguments are the
-detector's own: a batch, or an arm and its sample for the per-arm charts), ``reset()`` and
-``acknowledge()``.  tests/sidecar/test_detector_contract.py walks the package and checks every class
-in it, so a new detector cannot skip the contract.  Charts that keep counts per arm and judge the
+``StatefulDetector`` and so is a ``Detector``: declared, versioned state, ``update(...) -> Result``
+(the arguments are the detector's own: a batch, or an arm and its sample for the per-arm charts),
+``reset()`` and ``acknowledge()``.  tests/sidecar/test_detector_contract.py walks the package and
+checks every class in it, so a new detector cannot skip the contract.  Charts that judge the
 candidate arm against the control (baseline) arm share ``ArmControlChart``.
 
 **State protocol (``StatefulDetector``).** Why: a restart must neither forget an alarm nor its
 evidence (a CUSUM sum, a two-sample window, an A/A count), and an acknowledged alarm must stay
-acknowledged. So every detector and monitor declares the attributes that make up its state, and
-the service persists them all in one state file. A detector:
+acknowledged; the service persists every detector in one state file.  A detector:
 
-* sets ``STATE = ("attr", ...)``: the attribute names that, together with the constructor
-  arguments (the config), restore the object exactly;
-* may set ``STATE_VERSION``: bump it when the meaning of ``STATE`` changes. ``set_state`` refuses a
+* sets ``STATE = ("attr", ...)``: the attributes that, with the constructor arguments (the
+  config), restore it exactly;
+* may set ``STATE_VERSION`` (bump it when the meaning of ``STATE`` changes): ``set_state`` refuses a
   newer version and calls ``_upgrade_state`` on an older one;
-* may override ``_encode_state(name, value)`` / ``_decode_state(name, value)`` for values that
-  plain JSON cannot carry: tuples come back as lists, int dict keys as strings, deques as lists,
-  nested detectors as their own state dicts;
-* may override ``_after_set_state()`` to rebuild derived values (thresholds, increments) from the
-  restored ones.
+* may override ``_encode_state`` / ``_decode_state`` for values plain JSON cannot carry (tuples,
+  int dict keys, deques, nested detectors: only the parent knows a child's constructor arguments);
+* may override ``_after_set_state()`` to rebuild derived values (thresholds, increments).
 
-``get_state()`` returns ``{"type": class name, "version": STATE_VERSION, "state": {...}}``, which is
-JSON-safe (``json.dumps`` works on it). ``set_state(get_state())`` on a fresh instance built with the
-same config gives back the same statistics and alarm status. Nested detectors are encoded by
-default, since a ``StatefulDetector`` value is stored as its ``get_state()``. Decoding needs the
-parent to build the child (``_decode_state``), because only the parent knows its constructor
-arguments.
+``get_state()`` returns JSON-safe ``{"type": class name, "version": STATE_VERSION, "state": {...}}``;
+``set_state(get_state())`` on a fresh instance of the same config gives back the same statistics
+and alarm status.  ``alarm_`` latches until ``acknowledge()``, which restarts the statistic so the
+detector can fire again (default: ``reset()``).
 
-The alarm life cycle the service builds on: ``alarm_`` (or an equivalent flag) latches until
-``acknowledge()``. That method resets the statistic so that the detector can fire again, and it is
-part of the protocol (default: ``reset()``).
-
-Every alarm threshold in the sidecar is derived from an *expected run time* (ERT, a.k.a. ARL0): the
-mean number of samples between false alarms on a stream without drift.  A budget of "at most one false
-alarm per 100k samples per (model, arm)" split over d detectors gives each detector
-ERT_d = d * ERT_total (union bound: the alarm rates add up), see ``split_budget``.
+Every alarm threshold is derived from an *expected run time* (ERT, a.k.a. ARL0): the mean number of
+samples between false alarms on a stream without drift.  A budget split over d detectors gives each
+ERT_d = d * ERT_total (union bound: the alarm rates add up).
 """
 
 from __future__ import annotations
@@ -242,9 +231,3 @@ class ArmControlChart(StatefulDetector):
             return {"version": 1, "state": {k: st.get(k) for k in self.STATE}}
         return super()._upgrade_state(st, version)
 
-
-def split_budget(ert_total: float, n_detectors: int) -> float:
-    """ERT each of ``n_detectors`` must have for the union to keep ``ert_total`` (Bonferroni)."""
-    if ert_total <= 0 or n_detectors <= 0:
-        raise ValueError("ert_total and n_detectors must be positive")
-    return ert_total * n_detectors

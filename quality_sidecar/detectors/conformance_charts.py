@@ -4,13 +4,6 @@
   (``PitCusum`` / ``ExcessCusum`` of ``cusum.py``), alarm ``sampling_conformance`` if any fires;
 * ``ImpossibleTokenChart``: tokens the sampler could not have drawn, per arm of one model against the
   baseline (control) arm, alarm ``impossible_tokens`` (an ``ArmControlChart``, like ``RepeatChart``).
-
-Both follow the detector contract of ``base.py`` (``update(...) -> Result``, versioned
-``get_state``/``set_state``).  Metric and alarm names are unchanged, and the state the service
-checkpoints still loads: a ``ConformanceChart`` reads the unversioned ``{"pit", "excess", "late"}``
-dict of flat chart states written before the contract (and the flat PIT state from before the
-excess chart), an ``ImpossibleTokenChart`` the unversioned ``{"arms": ...}`` dict (its per-arm
-counts kept their keys); both load as version 0 (tests/sidecar/test_detector_contract.py).
 """
 
 from __future__ import annotations
@@ -29,23 +22,20 @@ class ConformanceChart(StatefulDetector):
     """The sidecar's T>0 chart for one (model, arm): the PIT chart and the excess chart, alarm if either,
     plus the excess chart of late draft positions.
 
-    Each of the four one-sided charts gets a quarter of the false-alarm budget (union bound), so the
-    pair keeps ``ert_tokens`` between false alarms; the cost is a ~5% higher threshold than one chart
-    alone.  Exposes the attributes the service reads (``s_up_``/``s_down_``/``threshold_``/``alarm_``/
-    ``alarm_index_``/``n_``) as the pair's.
+    The four one-sided charts of the pair get a quarter of the false-alarm budget each (union
+    bound), so the pair keeps ``ert_tokens`` between false alarms at a ~5% higher threshold than one
+    chart alone.  The attributes the service reads (``s_up_``/``s_down_``/``threshold_``/``alarm_``/
+    ``alarm_index_``/``n_``) are the charts' combined.
 
-    ``late``: an ``ExcessCusum`` of the tokens at draft position >= 2 only (samples that carry the
-    producer's ``spec.draft_mask``).  A verifier that goes wrong only deep in a draft dilutes its excess
-    over every token; here it is undiluted.  Valid under the null because a token's draft position is
-    fixed before the token is drawn (the drafts and the acceptance of the positions before it), so the
-    selected excess scores keep conditional mean 0.  Its own ``ert_tokens`` budget, counted in its own
-    (fewer) tokens: the three together stay under 2 false alarms per ``ert_tokens`` tokens.  Its own
-    ``late_shift`` (default 0.2 against 0.04): the late tokens are a few percent of the stream, so a
-    late-only fault worth an alarm is large per token, and a chart tuned to it is both faster on such
-    faults and blind to small numeric drift there (measured: docs/sidecar.md, "Late draft positions").
-
-    State: the three charts' states (``pit``, ``excess``, ``late``; see the module docstring for the
-    older formats it still reads).
+    ``late``: an ``ExcessCusum`` of the tokens at draft position >= 2 only (samples with the
+    producer's ``spec.draft_mask``): a verifier that goes wrong only deep in a draft dilutes its excess
+    over every token, here it is undiluted.  Valid under the null because a token's draft position is
+    fixed before the token is drawn, so the selected scores keep conditional mean 0.  Its own
+    ``ert_tokens`` budget in its own (fewer) tokens: the three stay under 2 false alarms per
+    ``ert_tokens`` tokens.  Its own ``late_shift`` (0.2 against 0.04): late tokens are a few percent of
+    the stream, so a late-only fault worth an alarm is large per token, and a chart tuned to it is
+    faster on such faults and blind to small numeric drift there (docs/sidecar.md, "Late draft
+    positions").  State: the three charts' (``pit``, ``excess``, ``late``).
     """
 
     STATE = ("pit", "excess", "late")
@@ -96,7 +86,7 @@ class ConformanceChart(StatefulDetector):
             c.reset()
 
     def set_state(self, st: Mapping[str, Any]) -> None:
-        if st.get("type") == PitCusum.__name__:  # a PIT chart's own state: the chart before the excess chart
+        if st.get("type") == PitCusum.__name__:  # a lone PIT chart's state (older checkpoints)
             st = {"pit": st}
         super().set_state(st)
 
@@ -147,20 +137,17 @@ class ImpossibleTokenChart(ArmControlChart):
     Why a chart of its own: the PIT and excess statistics condition on the tokens the sampler could
     have drawn, so they have *no* power against a decoder that ignores top-p / top-k / min-p (its
     extra tokens are exactly the ones they leave out).  Under exact sampling the count is 0 (the
-    numeric tolerance of ``impossible_reasons`` absorbs float noise and boundary ties), so any count
-    is evidence; two guards keep a disagreement between the scorer and the serving engine (another
-    dtype, a bf16 boundary flip) from alarming:
+    tolerance of ``impossible_reasons`` absorbs float noise and boundary ties), so any count is
+    evidence; two guards, which must both reject, keep a scorer/engine disagreement (another dtype, a
+    bf16 boundary flip) from alarming:
 
     * a **numeric floor**: the count must exceed Poisson(``floor_per_token`` x tokens) at ``alpha``;
-    * the **control arm**: an arm other than ``baseline`` must also exceed the baseline arm's count,
-      by the exact conditional binomial test (given both counts' sum, the candidate's share is
-      Binomial(sum, n_c / (n_c + n_b)) when both arms have the same rate).
+    * the **control arm**: a non-baseline arm must also exceed the baseline arm's count by the exact
+      conditional binomial test (given the sum, the candidate's share is Binomial(sum, n_c / (n_c +
+      n_b)) at equal rates).
 
-    Both must reject.  A baseline-arm alarm means the serving engine itself produced tokens the
-    scorer calls impossible (the scorer and the engine disagree, or vLLM's own sampler is wrong).
-    ``alpha`` is per update; under exact sampling the count never moves, so false alarms need a
-    numeric disagreement larger than the tolerance, at a rate above the floor, on one arm only.
-    State: ``arms`` (``ArmControlChart``); ``reset(arm)`` forgets the arm's counts.
+    A baseline-arm alarm means the serving engine itself produced tokens the scorer calls impossible.
+    ``alpha`` is per update; ``reset(arm)`` forgets the arm's counts.
     """
 
     STATE = ("arms",)

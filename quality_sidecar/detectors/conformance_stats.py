@@ -119,20 +119,15 @@ EXCESS_MIN_TOKENS = 500  # below this the normal tail of ``excess_test`` is not 
 def excess_test(excess_sum: float, excess_var_sum: float, n_tokens: int, name: str = "excess") -> TestResult:
     """Excess log-prob test: z = sum(s) / sqrt(sum(v)) over a stream's tokens, two-sided normal p.
 
-    Takes the sums over the stream (``SequenceScore.excess``/``excess_var`` summed) and its token count.
+    Takes the stream's sums of ``SequenceScore.excess``/``excess_var`` and its token count.
     s = log p(y) - E_q[log p] is the score of the temperature family at the sampler's distribution q
-    (the derivative of log q_beta(y), q_beta ~ q^beta, at beta = 1, up to the factor T): the locally
-    most powerful statistic against a sampler that is sharper or flatter than specified -- the
-    faults of this class -- and its mean over the tokens *is* the fault size in nats/token (how the
-    issue sizes faults).  Under exact sampling each s has conditional mean 0 and the known conditional
-    variance v given everything before it, so sum(s) is a martingale and z -> N(0, 1) (martingale CLT
-    with the predictable variance).  s is skewed (rare, very unlikely tokens give large negative
-    values), so the normal tail is only used from ``EXCESS_MIN_TOKENS`` tokens on (simulated: at 100
-    tokens the lower tail is 1.6x too heavy at 1e-3, from 300 on within Monte-Carlo error); the
-    false-positive rate at the gate's alphas is checked by simulation in
-    tests/sidecar/test_conformance_excess.py.  With full rows (the in-process gate) this uses the
-    whole distribution; from a server's top-K it uses the coarsened cells (still exact, less power).
-    ``statistic`` is the effect in nats/token (mean s)."""
+    (d/d beta of log q_beta(y), q_beta ~ q^beta, at beta = 1, up to T): the locally most powerful
+    statistic against a sampler sharper or flatter than specified, and its mean *is* the fault size in
+    nats/token.  Under exact sampling s has conditional mean 0 and known conditional variance v, so
+    sum(s) is a martingale and z -> N(0, 1).  s is skewed (very unlikely tokens give large negative
+    values), so the normal tail is used only from ``EXCESS_MIN_TOKENS`` tokens on (simulated: at 100
+    tokens the lower tail is 1.6x too heavy at 1e-3, from 300 on within Monte-Carlo error;
+    tests/sidecar/test_conformance_excess.py).  ``statistic`` is the effect in nats/token (mean s)."""
     n = int(n_tokens)
     if n < EXCESS_MIN_TOKENS or not excess_var_sum > 0:
         return TestResult(name, 0.0, 1.0, f"{n} tokens: too few for the excess test (needs {EXCESS_MIN_TOKENS})")

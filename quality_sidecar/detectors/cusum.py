@@ -156,18 +156,19 @@ class GaussianCUSUM(StatefulDetector):
 
     STATE = ("mean_", "sd_", "threshold_", "s_", "n_", "alarm_", "alarms_", "alarm_index_")
 
+    # The run length is very sensitive to the upper tail of the increments, which a 2,000-value
+    # bootstrap pins down poorly (ERTs 0.35-2x the target across references of one population):
+    # calibrating for 5x the ERT keeps the worst references in budget
+    # (benchmarks/sidecar_detection_power.py, chart-level clean run).
+    ERT_MARGIN = 5.0
+    REF_Z = 1.645  # one-sided 95% margin of the reference mean (see ``fit``)
+
     def __init__(self, name: str, ert: float, direction: str = "up", shift: float = 0.5, clip: float = 4.0,
-                 restart_after_alarm: bool = False, seed: int = 0, ref_z: float = 1.645,
-                 ert_margin: float = 5.0):
+                 restart_after_alarm: bool = False):
         if direction not in ("up", "down"):
             raise ValueError("direction must be 'up' or 'down'")
         self.name, self.ert, self.direction, self.shift, self.clip = name, ert, direction, shift, clip
-        self.restart_after_alarm, self.seed, self.ref_z = restart_after_alarm, seed, ref_z
-        # The run length is very sensitive to the upper tail of the increments, which a 2,000-value
-        # bootstrap pins down poorly: thresholds from different references of one population gave
-        # ERTs 0.35-2x the target.  Calibrating for 5x the ERT keeps the worst references in budget
-        # (measured in benchmarks/sidecar_detection_power.py, chart-level clean run).
-        self.ert_margin = ert_margin
+        self.restart_after_alarm = restart_after_alarm
 
     def _inc(self, x: np.ndarray) -> np.ndarray:
         z = np.clip((x - self.mean_) / self.sd_, -self.clip, self.clip)
@@ -180,16 +181,16 @@ class GaussianCUSUM(StatefulDetector):
             raise ValueError(f"{self.name}: need >= 20 reference values, got {len(x)}")
         self.sd_ = float(max(x.std(), 1e-6))
         # Guard against reference noise (the analogue of the rate charts' upper bound): move the
-        # in-control mean by a one-sided 95% margin towards the alarm side.  Without it, the
-        # +-sd/sqrt(n) error of a 2,000-sample reference mean cut the measured ERT ~6x.
-        margin = self.ref_z * self.sd_ / np.sqrt(len(x))
+        # in-control mean towards the alarm side, else the +-sd/sqrt(n) error of a 2,000-sample
+        # reference mean cuts the ERT ~6x.
+        margin = self.REF_Z * self.sd_ / np.sqrt(len(x))
         self.mean_ = float(x.mean() + (margin if self.direction == "up" else -margin))
         pool = self._inc(x)
 
         def draw(rng, shape):
             return pool[rng.integers(0, len(pool), size=shape)]
 
-        self.threshold_ = calibrate_threshold(draw, self.ert * self.ert_margin, seed=self.seed)
+        self.threshold_ = calibrate_threshold(draw, self.ert * self.ERT_MARGIN)
         self.reset()
         return self
 
@@ -277,8 +278,6 @@ class PitCusum(StatefulDetector):
     ``ert_tokens`` tokens per side x 2 (union bound).  ``shift`` is the per-token change of E[x] to
     detect fastest (reference value shift/2); a mean-u change d is a shift of d sqrt(12).
     ``alarm_`` latches until ``reset()`` (the acknowledge path) unless ``restart_after_alarm``.
-    State version 1; version 0 (before the contract) was the flat ``{name: value}`` dict of ``STATE``,
-    possibly lacking names added since (they keep their reset values).
     """
 
     STATE = ("s_up_", "s_down_", "n_", "tokens_", "alarm_", "alarms_", "alarm_index_", "sum_x_", "direction_")
@@ -298,6 +297,7 @@ class PitCusum(StatefulDetector):
         self.sum_x_, self.direction_ = 0.0, ""
 
     def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 0: the flat ``{name: value}`` dict of ``STATE``; absent names keep their reset values."""
         if version == 0:
             return {"version": 1, "state": {k: st.get(k, getattr(self, k)) for k in self.STATE}}
         return super()._upgrade_state(st, version)
@@ -360,10 +360,8 @@ class ExcessCusum(PitCusum):
     """Two-sided CUSUM on the excess score of the token stream (``SequenceScore.excess``).
 
     Why next to the PIT chart: the excess score s = log p(y) - E_q[log p] is the temperature
-    family's score, so against the faults of this class it is the more efficient statistic (on the
-    demo model's real T=1 streams from a server's top-20: z 6.3-7.0 where the PIT's mean gives
-    4.1-6.3 for the same draft-temperature faults, 30 vs 9.5 for the real expand-kernel bug;
-    docs/sidecar.md), while the PIT chart also sees faults that leave E[log p] alone.
+    family's score, so against the faults of this class it is the more efficient statistic (z
+    measured in docs/sidecar.md), while the PIT chart also sees faults that leave E[log p] alone.
     Increment per token: x = s / sqrt(vbar), vbar the mean null variance of s over every token seen
     so far *including the current one* (v of a token is known from its row before the token is
     drawn, so x has conditional mean exactly 0 and its variance averages 1: the PIT chart's

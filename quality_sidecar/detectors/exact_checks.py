@@ -1,17 +1,15 @@
 """Exact hard checks: output tokens that vLLM's sampler masks, at any temperature, in any dtype.
 
-Why: the T>0 charts condition on the distribution the sampler should have used, and the scorer cannot
-rebuild a distribution changed by ``allowed_token_ids`` or ``bad_words`` (such samples are skipped), so a
-decoder that forgets one of these masks -- a verifier that accepts a drafted token without applying
-them -- would go unseen.  But both masks are hard rules, not probabilities: vLLM 0.32 sets the logit of
-every token outside ``allowed_token_ids``, and of a bad word's last token wherever the output's tail
-matches the rest of the word, to -inf before sampling, greedy or not, on the draft positions too
-(``RejectionSampler.apply_logits_processors``).  So an output that breaks one holds a token its sampler
-could not have drawn: an impossible token, counted without the baseline server and without statistics.
-Each check returns (output positions checked, impossible tokens), a reason it cannot run (counted by the
-sidecar: ``quality_sidecar_exact_check_skipped_samples``), or None when the request did not set the option.
-The third, ``min_tokens_check``: an EOS or stop token inside ``min_tokens``.  ``exact_checks`` runs all
-three; the streaming pipeline and the offline ``quality-sidecar score`` both call it.
+Why: the scorer cannot rebuild a distribution changed by ``allowed_token_ids`` or ``bad_words`` (such
+samples are skipped), so a verifier that accepts a drafted token without applying these masks would go
+unseen by the T>0 charts.  But both masks are hard rules: vLLM 0.32 sets the logit of every token
+outside ``allowed_token_ids``, and of a bad word's last token wherever the output's tail matches the
+rest of the word, to -inf before sampling, greedy or not, draft positions included
+(``RejectionSampler.apply_logits_processors``).  An output that breaks one holds an impossible token,
+counted without the baseline server and without statistics; so does an EOS or stop token inside
+``min_tokens`` (``min_tokens_check``).  Each check returns (output positions checked, impossible tokens),
+a reason it cannot run (``quality_sidecar_exact_check_skipped_samples``), or None when the request did
+not set the option.
 """
 
 from __future__ import annotations

@@ -1,26 +1,22 @@
 """T=0 paired exact match: the sharpest correctness signal for a lossless speculative decoder.
 
 At temperature 0 a lossless decoder must reproduce the baseline's token ids for the same prompt, up to
-the batch non-invariance of the kernels (vLLM #5898 and friends): in bf16 a few percent of greedy
-outputs differ between batch sizes with no decoder involved.  So the candidate's mismatch rate is
-never judged against 0 or against a configured rate, only against an A/A rate *measured* on the same
-kind of pairs from the baseline arm:
+the batch non-invariance of the kernels (vLLM #5898 and friends: in bf16 a few percent of greedy
+outputs differ between batch sizes with no decoder involved).  So the candidate's mismatch rate is
+judged only against an A/A rate *measured* on the same kind of pairs from the baseline arm, per
+source (each differs in batch sizes, engines and sampling):
 
-* ``arm`` pairs: a candidate-arm output vs the baseline arm's output for the same prompt; A/A pairs
-  are the same prompt served twice by the baseline arm;
-* ``replay`` pairs: an output vs the ``--baseline-url`` server's answer to the replayed prompt;
-  candidate-arm samples are the test, baseline-arm samples the A/A reference;
-* ``seeded`` pairs: the same for seeded T>0 samples of decoders that keep vLLM's seed promise
-  (``decoder.seeded_exact``: no speculation, or lookahead's coupled verification), replayed with the
-  sample's sampling fields and seed -- at any temperature such a decoder's output is a function of
-  (prompt, parameters, seed), so a mismatch beyond the A/A rate is a broken decoder.
+* ``arm``: a candidate-arm output vs the baseline arm's for the same prompt (A/A: the same prompt
+  served twice by the baseline arm);
+* ``replay``: an output vs the ``--baseline-url`` server's answer to the replayed prompt (A/A:
+  baseline-arm samples);
+* ``seeded``: the same for seeded T>0 samples of decoders that keep vLLM's seed promise
+  (``decoder.seeded_exact``), whose output is a function of (prompt, parameters, seed) at any
+  temperature.
 
-The sources differ in batch sizes, engines and sampling, so each has its own A/A reference and test.
-
-``PairedExactMatch`` tests, per source, "candidate mismatch rate > A/A mismatch rate" with a one-sided
-Fisher exact test (the conditional binomial test given the total number of mismatches: exact for any
-common rate, no normal approximation at a few mismatches).  It also records the first-divergence
-positions (early, repeated divergence points smell like a bug; late, scattered ones like numerics).
+The test is a one-sided Fisher exact test (exact for any common rate, also at a few mismatches).
+First-divergence positions are recorded too: early, repeated ones smell like a bug, late, scattered
+ones like numerics.
 """
 
 from __future__ import annotations
@@ -45,20 +41,6 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else n
 
 
-def mcnemar_test(base_pass: Sequence[bool], new_pass: Sequence[bool]):
-    """Exact McNemar on paired pass/fail (binomial test on the discordant pairs)."""
-    from scipy.stats import binomtest
-
-    from .twosample import TestResult
-
-    b, n = np.asarray(base_pass, bool), np.asarray(new_pass, bool)
-    n10, n01 = int((b & ~n).sum()), int((~b & n).sum())
-    if n10 + n01 == 0:
-        return TestResult("mcnemar", 0.0, 1.0, "no discordant pairs")
-    p = binomtest(n10, n10 + n01, 0.5).pvalue
-    return TestResult("mcnemar", float((n01 - n10) / len(b)), float(p), f"n10={n10} n01={n01}")
-
-
 def excess_mismatch_pvalue(cand_pairs: int, cand_mism: int, aa_pairs: int, aa_mism: int) -> float:
     """One-sided Fisher exact p-value of "candidate mismatch rate > A/A mismatch rate"."""
     from scipy.stats import fisher_exact
@@ -76,19 +58,15 @@ class PairedExactMatch(StatefulDetector):
     """Two-sample T=0 test per pair source: candidate mismatch rate vs the measured A/A rate.
 
     Why two-sample: a configured A/A rate is a guess, and under bf16 a wrong guess turns batch
-    variance into a rollback order for an exact decoder.  Measured on the baseline arm, the reference
-    moves with dtype, kernels and batch sizes.
+    variance into a rollback order for an exact decoder; measured, the reference moves with dtype,
+    kernels and batch sizes.
 
-    Looks and the false-alarm rate: each source's candidate pairs are cut into consecutive blocks of
-    ``block`` pairs; when a block is full and the source has at least ``block`` A/A pairs, the
-    block's mismatches are tested against all A/A pairs so far (one-sided Fisher), at
-    alpha = block / ert / 3 (a third per source).  By the union bound over looks, an exact decoder
-    (equal rates in both arms) raises ``exact_match`` at most once per ``ert`` candidate pairs on
-    average -- the same expected-run-time budget as every chart of the sidecar.  Before a source has
-    ``block`` A/A pairs there is no verdict at all (its candidate pairs still count, as blocks
-    that were not tested).  Blocks, not cumulative counts: a decoder that breaks after a million
-    good pairs is found within a block or two, not diluted by them.  ``acknowledge`` drops the
-    current block and keeps the A/A counts (the reference did not change).
+    Each source's candidate pairs are cut into blocks of ``block``; a full block is tested against
+    all A/A pairs so far once the source has ``block`` of them (no verdict before), at alpha = block /
+    ert / 3 (a third per source): by the union bound over looks, an exact decoder raises
+    ``exact_match`` at most once per ``ert`` candidate pairs, the budget of every chart.  Blocks, not
+    cumulative counts: a decoder that breaks after a million good pairs is found within a block or
+    two.  ``acknowledge`` drops the current block and keeps the A/A counts.
     """
 
     STATE = ("sources_", "pairs_", "matches_", "positions_", "alarm_", "alarm_source_")

@@ -5,24 +5,21 @@ constant, a shared stream rewound per request) keeps the distribution of every s
 the PIT, the excess score and the impossible-token count all stay silent.  What it breaks is
 independence: two requests with the same prompt and sampler come out the same.
 
-The test must hold under any split of traffic between the arms (a 5-10% baseline holdback is the normal
-deployment), so each arm's evidence is made comparable before it is compared:
+The test must hold under any traffic split (a 5-10% baseline holdback is normal), so each arm's
+evidence is made comparable first:
 
-- **equal numbers**: per arm and prompt (and sampler), outputs are taken two at a time in disjoint
-  pairs; a pair is one *comparison*, a *repeat* when the two are equal.  Its probability is
-  sum_i p_i^2 for that prompt whatever the arm's traffic (comparing each sample with every earlier
-  output would favour the busier arm, which has more earlier outputs to match);
+- **equal numbers**: per arm and prompt (and sampler), outputs are paired two at a time, disjointly;
+  a pair is a *comparison*, a *repeat* when the two are equal, with probability sum_i p_i^2 whatever
+  the arm's traffic (comparing with every earlier output would favour the busier arm);
 - **same prompts**: each candidate comparison is matched with a baseline comparison of the same prompt
   (first come, first matched; the busier arm's surplus waits, at most ``KEEP_WAITING`` per prompt).
-  Under an exact decoder the two outcomes of a match are independent and identically distributed,
-  so among *discordant* matches (one arm repeats, the other does not) the candidate's share is
-  Binomial(n, 1/2).
+  Under an exact decoder the two outcomes of a match are i.i.d., so among *discordant* matches (one
+  arm repeats, the other not) the candidate's share is Binomial(n, 1/2).
 
-The candidate alarms when that one-sided exact binomial test gives p < ``alpha`` (1e-6), tested at each
-new discordant match: at most ``alpha`` x (discordant matches) false alarms, with no assumption on the
-split or the prompt mix.  Samples that carry an explicit ``seed`` are left out (equal seeds repeat by
-design).  The prompt memory is part of the checkpointed state (a restart continues exactly; at most
-``memory`` prompts, a few short hashes each).
+The candidate alarms when that one-sided exact binomial test gives p < ``alpha`` (1e-6) at a new
+discordant match: at most ``alpha`` x (discordant matches) false alarms, whatever the split or the
+prompt mix.  Samples with an explicit ``seed`` are left out (equal seeds repeat by design).  The prompt
+memory (at most ``memory`` prompts) is checkpointed, so a restart continues exactly.
 """
 
 from __future__ import annotations

@@ -1,35 +1,20 @@
 """Two-sample tests for T>0 outputs (baseline vs candidate, or frozen reference vs current window).
 
 Plain functions, each returning ``TestResult(name, statistic, pvalue, detail)``, so the release gate
-can import them directly (documented in docs/sidecar.md):
-
-* ``length_test``      - tie-corrected Mann-Whitney (streaming) or a Monte-Carlo permutation test of
-                         the mean (offline). Lengths are discrete, heavily tied and capped at
-                         max_tokens, which makes Cramer-von Mises anti-conservative;
-* ``finish_reason_test`` - Fisher exact on 2 categories, else chi-square with sparse categories merged;
-* ``rate_test``        - Fisher exact test on a behavioural flag (refusal, format_invalid, ...);
-* ``text_mmd_test``    - MMD^2 on text embeddings (hashed word n-grams by default, MiniLM sentence
-                         embeddings as an option: ``embedders.py``), RBF kernel (median
-                         heuristic), permutation null (offline / gate);
-* ``linear_mmd_test``  - linear-time MMD with its asymptotic normal null (streaming: cheap, and
-                         valid at the tiny per-window alpha an ERT budget asks for);
-* ``holm`` / ``benjamini_hochberg`` - multiple-testing control across metrics.
-
-``WindowedTwoSample`` wraps any of them in the estimator shape (``fit(reference)``,
-``update(batch) -> Result``) with per-window alpha = window / ERT.
+can import them directly (documented in docs/sidecar.md): ``length_test``, ``finish_reason_test``,
+``rate_test`` (a behavioural flag), ``text_mmd_test`` (permutation null: offline / gate),
+``linear_mmd_test`` (normal null: cheap, and valid at the tiny per-window alpha of the stream), and
+``holm`` across them.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from .base import Result, StatefulDetector
-from .embedders import Embedder, HashedNgramEmbedder
+from .embedders import Embedder, make_embedder
 
 
 @dataclass(frozen=True)
@@ -47,26 +32,20 @@ def length_test(a: Sequence[float], b: Sequence[float], method: str = "mannwhitn
                 n_permutations: int = 4999, seed: int = 0) -> TestResult:
     """Did the output-length distribution move between ``a`` and ``b`` (token counts)?
 
-    Real lengths are discrete and heavily tied: at a small ``max_tokens`` most outputs stop exactly
-    at the cap (86% in the issue-13 streams). Tests whose null distribution assumes continuous data
-    are then invalid. scipy's ``cramervonmises_2samp`` gave p = 3e-8 between two exact decoders,
-    where KS gave 0.999 and a permutation test 0.37. Both methods here stay valid with ties and
-    with the cap:
+    Real lengths are discrete and heavily tied (at a small ``max_tokens`` most outputs stop at the
+    cap), which makes tests that assume continuous data invalid (Cramer-von Mises calls two exact
+    decoders different).  Both methods here stay valid with ties and with the cap:
 
-    * ``"mannwhitney"`` (default; streaming, ``ArmComparison``): Mann-Whitney U on midranks, with
-      the tie-corrected variance. Under the null (the two windows are exchangeable) that variance is
-      the exact variance of the permutation distribution of U *given the ties*, not an estimate. The
-      statistic is a sum drawn without replacement from fixed midrank scores, so the normal
-      approximation (Hajek's CLT) holds with any tie pattern. Ties only shrink the variance, and the
-      correction accounts for that. It is chosen over Welch on log1p(length) because nothing is
-      estimated and the cap is a single tie block, not an outlier. It costs O(n log n), which fits a
-      test every ``window`` samples. Measured false-alarm rate on real exact-decoder streams at the
-      sidecar's per-test alpha: benchmarks/twosample_false_alarms.py, docs/sidecar.md.
-    * ``"permutation"`` (offline ``score``, alpha 0.05-0.01): Monte-Carlo permutation test on the
-      difference of mean length. The p-value is (1 + #{|perm| >= |obs|}) / (1 + n_permutations),
-      which is exactly valid at every alpha for any data (ties, cap). It answers "did the mean length
-      (cost) change". The smallest possible p is 1 / (1 + n_permutations), so it is not for tiny
-      streaming alphas.
+    * ``"mannwhitney"`` (default; streaming, ``ArmComparison``): Mann-Whitney U on midranks with the
+      tie-corrected variance, which under the null (exchangeable windows) is the exact variance of
+      U's permutation distribution given the ties; U is a sum drawn without replacement from fixed
+      scores, so Hajek's CLT holds with any tie pattern.  Chosen over Welch on log1p(length): nothing
+      is estimated and the cap is one tie block, not an outlier; O(n log n) per window.  False-alarm
+      rate on real exact-decoder streams: benchmarks/twosample_false_alarms.py, docs/sidecar.md.
+    * ``"permutation"`` (offline ``score``, alpha 0.05-0.01): Monte-Carlo permutation test of the
+      difference of mean length ("did the cost change"), p = (1 + #{|perm| >= |obs|}) / (1 +
+      n_permutations): exact at every alpha for any data, but never below 1 / (1 + n_permutations),
+      so not for tiny streaming alphas.
     """
     if method not in LENGTH_METHODS:
         raise ValueError(f"length_test method must be one of {LENGTH_METHODS}, got {method!r}")
@@ -84,8 +63,8 @@ def length_test(a: Sequence[float], b: Sequence[float], method: str = "mannwhitn
 def _mannwhitney_ties(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """Two-sided tie-corrected Mann-Whitney: (z, p), normal approximation without continuity term.
 
-    Written out, not scipy's ``mannwhitneyu``, so that the benchmark can use the same formula
-    vectorised over many rounds. It is checked against scipy in tests/sidecar/test_detectors.py."""
+    Written out, not scipy's ``mannwhitneyu``, so that the benchmark can vectorise the same formula
+    (checked against scipy in tests/sidecar/test_detectors.py)."""
     from scipy.stats import norm, rankdata
 
     n, m = len(a), len(b)
@@ -125,12 +104,10 @@ def _permutation_mean_diff(a: np.ndarray, b: np.ndarray, n_permutations: int,
 def finish_reason_test(a: Sequence[str | None], b: Sequence[str | None]) -> TestResult:
     """Did the finish-reason mix change between ``a`` and ``b``?
 
-    The chi-square approximation is poor when expected counts are small. Real tables have a few
-    rare reasons (abort, error) next to a dominant one: ``length`` for 86% of the outputs when most
-    hit max_tokens. So categories whose expected count is below 5 in either row are merged into one
-    ``other`` column. When two columns remain (the usual stop-vs-length table), Fisher's exact test is
-    used: it is conditional and never anti-conservative. Chi-square is used only on tables with at
-    least three well-filled columns.
+    Real tables have rare reasons (abort, error) next to a dominant one, where the chi-square
+    approximation is poor: categories whose expected count is below 5 in either row are merged into
+    one ``other`` column, two columns (the usual stop vs length) get Fisher's exact test (conditional,
+    never anti-conservative), and chi-square only tables of three or more well-filled columns.
     """
     from scipy.stats import chi2_contingency, fisher_exact
 
@@ -173,11 +150,6 @@ def rate_test(a: Sequence[bool], b: Sequence[bool], name: str = "rate",
                       f"{ka / len(a):.4f} -> {kb / len(b):.4f}")
 
 
-def hashed_ngrams(texts: Sequence[str | None], n_features: int = 2 ** 12) -> np.ndarray:
-    """L2-normalised hashed word 1-2 gram counts (the default text embedding)."""
-    return HashedNgramEmbedder(n_features)(texts)
-
-
 def _rbf_gamma(z: np.ndarray, rng: np.random.Generator) -> float:
     idx = rng.choice(len(z), size=min(len(z), 300), replace=False)
     s = z[idx]
@@ -193,7 +165,7 @@ def text_mmd_test(a: Sequence[str | None], b: Sequence[str | None], n_permutatio
     a, b = list(a)[-max_n:], list(b)[-max_n:]
     if len(a) < 5 or len(b) < 5:
         return TestResult("text_mmd", 0.0, 1.0, "too few samples")
-    z = (embed or hashed_ngrams)(a + b)
+    z = (embed or make_embedder())(a + b)
     return mmd_permutation_test(z[:len(a)], z[len(a):], n_permutations, seed)
 
 
@@ -228,7 +200,7 @@ def linear_mmd_test(a: Sequence[str | None], b: Sequence[str | None],
     m = min(len(a), len(b)) // 2 * 2
     if m < 20:
         return TestResult("text_mmd", 0.0, 1.0, "too few samples")
-    emb = embed or hashed_ngrams
+    emb = embed or make_embedder()
     return linear_mmd(emb(list(a)[:m]), emb(list(b)[:m]))
 
 
@@ -266,69 +238,3 @@ def holm(pvalues: Sequence[float]) -> np.ndarray:
         adj[i] = min(1.0, running)
     return adj
 
-
-def benjamini_hochberg(pvalues: Sequence[float]) -> np.ndarray:
-    from scipy.stats import false_discovery_control
-
-    return false_discovery_control(np.asarray(pvalues, float), method="bh")
-
-
-class WindowedTwoSample(StatefulDetector):
-    """Estimator wrapper: reference window vs. a sliding current window, tested every ``window``.
-
-    Alarm when p < alpha with alpha = window / ert, so that tests repeated every ``window`` samples
-    on a drift-free stream fire on average once per ``ert`` samples (the windows do not overlap, so
-    the rounds are independent given the reference). The alarm latches until ``acknowledge()``.
-    State: the reference and current windows must hold JSON values (lengths, finish reasons, flags,
-    texts), which is what the sidecar feeds it.
-    """
-
-    STATE = ("reference_", "current_", "pending_", "n_", "alarm_", "last_")
-
-    def __init__(self, name: str, test: Callable[[Sequence, Sequence], TestResult], ert: float,
-                 window: int = 1000):
-        self.name, self.test, self.ert, self.window = name, test, ert, window
-        self.alpha = window / ert
-
-    def fit(self, reference) -> WindowedTwoSample:
-        self.reference_ = list(reference)
-        self.current_: deque = deque(maxlen=self.window)
-        self.pending_, self.n_, self.alarm_ = 0, 0, False
-        self.last_ = Result(self.name, 0.0, self.alpha, False, pvalue=1.0)
-        return self
-
-    def reset(self) -> None:
-        """Restart the current window and clear the alarm; the reference stays."""
-        self.current_.clear()
-        self.pending_, self.alarm_ = 0, False
-        self.last_ = Result(self.name, 0.0, self.alpha, False, pvalue=1.0, n=self.n_)
-
-    def acknowledge(self) -> None:
-        """Clear the latched alarm; the windows are kept (the next test uses fresh samples anyway)."""
-        self.alarm_ = False
-        self.last_.alarm = False
-
-    def _decode_state(self, name: str, value: Any) -> Any:
-        if name == "current_":
-            return deque(value, maxlen=self.window)
-        if name == "last_":
-            return Result.from_dict(value)
-        return value
-
-    def update(self, batch) -> Result:
-        new = False
-        for x in batch:
-            self.current_.append(x)
-            self.pending_ += 1
-            self.n_ += 1
-            if self.pending_ >= self.window:
-                self.pending_ = 0
-                r = self.test(self.reference_, list(self.current_))
-                fire = r.pvalue < self.alpha
-                new = new or (fire and not self.alarm_)
-                self.alarm_ = self.alarm_ or fire
-                self.last_ = Result(self.name, r.statistic, self.alpha, self.alarm_, pvalue=r.pvalue,
-                                    n=self.n_, extra={"detail": r.detail})
-        self.last_.alarm_new = new
-        self.last_.alarm = self.alarm_
-        return self.last_

@@ -1,17 +1,15 @@
 """Prometheus metrics (names fixed by docs/CONTRACTS.md) and the one HTTP port that serves them.
 
-``/metrics`` (Prometheus text format), ``/healthz`` (200 while the consume loop has ticked within
-``stall_s``), ``/readyz`` (200 once the source is connected and the classifiers are loaded, 503 while a baseline
-server the sidecar depends on keeps failing).  Each
-service owns its ``CollectorRegistry`` so tests can run several in one process.
+``/metrics``, ``/healthz`` (200 while the consume loop has ticked within ``stall_s``), ``/readyz``
+(200 once the source is connected and the classifiers are loaded, 503 while a baseline server the
+sidecar depends on keeps failing).  Each service owns its ``CollectorRegistry``, so tests can run
+several in one process.
 
-Alarm control (when the service sets ``control``, its ``Pipeline``), all answering JSON:
-``GET /alarms`` lists latched alarms; ``POST /alarms/{detector}/ack[?model=&arm=&by=]`` acknowledges
-one detector's alarms (``404`` when none matched); ``POST /alarms/clear[?model=&arm=&by=]``
-acknowledges all; ``POST /rebaseline[?model=&arm=&by=]`` drops the references.  Alarms latch until
-acknowledged, so that an alarm nobody saw is not lost.  The POSTs change what the sidecar watches.
-When ``QUALITY_SIDECAR_CONTROL_TOKEN`` is set they need ``Authorization: Bearer <token>``
-(``401`` otherwise).
+Alarm control (``control``: the service's ``Pipeline``), answering JSON: ``GET /alarms``; ``POST
+/alarms/{detector}/ack[?model=&arm=&by=]`` (``404`` when none matched), ``POST /alarms/clear[?...]``
+(all), ``POST /rebaseline[?...]``.  Alarms latch until acknowledged, so that an alarm nobody saw is
+not lost.  The POSTs change what the sidecar watches: with ``QUALITY_SIDECAR_CONTROL_TOKEN`` set they
+need ``Authorization: Bearer <token>`` (``401`` otherwise).
 """
 
 from __future__ import annotations
@@ -129,10 +127,9 @@ class Metrics:
 class HttpServer:
     """``/metrics``, ``/healthz``, ``/readyz`` and the alarm control endpoints, in a daemon thread."""
 
-    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0", stall_s: float = 60.0,
-                 control: Any = None):
+    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0", stall_s: float = 60.0):
         self.metrics, self.stall_s = metrics, stall_s
-        self.control = control  # a Pipeline: active_alarms(), acknowledge(), rebaseline()
+        self.control: Any = None  # set by the service: its Pipeline (active_alarms, acknowledge, rebaseline)
         self.ready = False
         self.heartbeat = time.monotonic()
         # name -> callable: /readyz is 503 while any returns False (a baseline server that keeps failing)

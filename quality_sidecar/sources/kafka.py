@@ -1,20 +1,17 @@
 """Kafka consumer-group source: manual commits, bounded polls, lag per partition.
 
-``enable_auto_commit=False``: offsets are committed by the service after a batch is processed and
-its outputs flushed.  ``max_poll_records`` bounds memory (backpressure: unread messages stay in
-Kafka, and the lag gauges show it).  The 10 s session timeout moves a killed member's partitions
-to its replacement within ~10 s; shorter timeouts got healthy members evicted on a loaded machine
-(missed heartbeats while calibrating), which stalls consumption in rebalance loops.
+Offsets are committed by the service after a batch is processed and its outputs flushed;
+``max_poll_records`` bounds memory (unread messages stay in Kafka, the lag gauges show them).  The
+10 s session timeout moves a killed member's partitions within ~10 s; shorter ones got healthy
+members evicted on a loaded machine (missed heartbeats while calibrating): rebalance loops.
 
-Several replicas in one group (scale-out): before this member gives up partitions in a rebalance,
-``on_revoke`` (set by the service) checkpoints and commits what it processed, so the next owner
-starts exactly after it; records fetched for a partition that was revoked meanwhile are dropped
-unprocessed (``rebalances`` tells the service that happened).
+Scale-out: before this member gives up partitions, ``on_revoke`` (set by the service) checkpoints and
+commits what it processed, so the next owner starts exactly after it; records fetched for a revoked
+partition are dropped unprocessed (``rebalances`` tells the service).
 
-Lag follows kafka-lag-exporter's convention (``LagReport``): offsets between the partition end
-and the group's committed offset, and an estimate in seconds - how long ago the partition end was
-first seen beyond the committed offset (a lower bound, within one checkpoint interval, of the age
-of the oldest uncommitted record; like kafka-lag-exporter it needs no message timestamps).
+Lag follows kafka-lag-exporter (``LagReport``): offsets between the partition end and the group's
+committed offset, and in seconds how long ago the partition end was first seen beyond the committed
+offset (a lower bound of the oldest uncommitted record's age; no message timestamps needed).
 """
 
 from __future__ import annotations
@@ -170,7 +167,7 @@ class KafkaSource:
         return out
 
     def lag(self) -> dict[tuple[str, int], int]:
-        """Records not yet polled, per partition (the old ``quality_sidecar_consumer_lag``)."""
+        """Records not yet polled, per partition (``quality_sidecar_consumer_lag``)."""
         from kafka.structs import TopicPartition
 
         out = {}

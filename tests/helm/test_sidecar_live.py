@@ -61,7 +61,7 @@ def _quality_metrics_queried(render_docs) -> set[str]:
 def test_rendered_sidecar_runs_and_answers_probes(render, kafka_broker, tmp_path: Path) -> None:
     from kafka import KafkaProducer
 
-    from quality_sidecar.synth import SampleStream
+    from tests.support.synth import SampleStream
 
     port, topic = free_port(), f"helm-live-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic)

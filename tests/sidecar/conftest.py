@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 # A smaller reference window keeps calibration + reference filling to a few seconds per test.
 FAST_MONITOR = {"reference_size": 600, "window": 400}

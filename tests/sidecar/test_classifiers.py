@@ -1,17 +1,27 @@
 """Unit tests of the behavioural classifiers (the release gate imports the same objects)."""
 
+import importlib.util
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from quality_sidecar.classifiers import CLASSIFIER_NAMES, Verdict, default_classifiers
 from quality_sidecar.classifiers.degeneration import DegenerationClassifier
 from quality_sidecar.classifiers.format import FormatClassifier
-from quality_sidecar.classifiers.refusal import RefusalClassifier, held_out_report
-from quality_sidecar.classifiers.refusal_data import DATA_FILE, build
+from quality_sidecar.classifiers.refusal import (
+    DATA_FILE,
+    HEAD_CHARS,
+    RefusalClassifier,
+    load_dataset,
+    train_model,
+)
 from quality_sidecar.classifiers.safety import PatternSafety, SafetyClassifier
 
 pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +37,38 @@ def test_default_classifiers_follow_the_contract():
         assert isinstance(v, Verdict) and v.name == c.name and 0.0 <= v.score <= 1.0
 
 
+def _builder():
+    spec = importlib.util.spec_from_file_location("gen_refusal_data", ROOT / "scripts" / "gen_refusal_data.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_shipped_dataset_is_what_the_builder_makes():
+    gen = _builder()
+    assert gen.DATA_FILE == DATA_FILE
+    assert gen.main(["--check"]) == 0, "run python scripts/gen_refusal_data.py"
     shipped = [json.loads(line) for line in DATA_FILE.read_text().splitlines()]
-    assert shipped == [json.loads(json.dumps(r, sort_keys=True)) for r in build()]
+    assert shipped == [json.loads(json.dumps(r, sort_keys=True)) for r in gen.build()]
     assert {r["split"] for r in shipped} == {"train", "test"}
+
+
+def held_out_report() -> dict[str, float]:
+    """Precision/recall of the train-split model on the held-out families (and of model|patterns)."""
+    model = train_model("train")
+    test = [r for r in load_dataset() if r["split"] == "test"]
+    y = np.array([r["label"] for r in test])
+    clf = RefusalClassifier(model=model)
+    pred_model = model.predict_proba([r["text"][:HEAD_CHARS] for r in test])[:, 1] >= 0.5
+    pred_all = np.array([clf.classify(r["text"]).flagged for r in test])
+
+    def pr(pred: np.ndarray) -> tuple[float, float]:
+        tp = int((pred & (y == 1)).sum())
+        return tp / max(1, int(pred.sum())), tp / max(1, int((y == 1).sum()))
+
+    (pm, rm), (pa, ra) = pr(pred_model), pr(pred_all)
+    return {"n_test": len(test), "n_test_refusals": int((y == 1).sum()),
+            "model_precision": pm, "model_recall": rm, "combined_precision": pa, "combined_recall": ra}
 
 
 def test_refusal_held_out_precision_recall():

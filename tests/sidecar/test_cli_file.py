@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from quality_sidecar.cli import main
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 from .conftest import FAST_MONITOR, write_jsonl
 

@@ -25,8 +25,6 @@ from quality_sidecar.detectors import (
     BernoulliCUSUM,
     GaussianCUSUM,
     PairedExactMatch,
-    WindowedTwoSample,
-    length_test,
 )
 from quality_sidecar.detectors.base import ArmControlChart, Detector, Result, StatefulDetector
 from quality_sidecar.detectors.conformance_charts import ConformanceChart, ImpossibleTokenChart
@@ -90,9 +88,6 @@ EXAMPLES: dict[str, tuple[Callable[[], Any], Callable[[Any], Any], Callable[[Any
                          lambda d: d.add_aa([False] * 397 + [True] * 3, "replay"),
                          lambda d, rng: d.update([([1, 2, 3], [1, 2, int(rng.integers(3, 5))])] * 5
                                                  + [([1], [1])] * 10, "replay")),
-    "WindowedTwoSample": (lambda: WindowedTwoSample("length", length_test, 1e4, 100),
-                          lambda d: d.fit(list(np.random.default_rng(0).integers(0, 32, 200))),
-                          lambda d, rng: d.update(list(rng.integers(10, 32, 130)))),
     "PitCusum": (lambda: PitCusum(ert_tokens=1e5, shift=0.2), _NO_PREP,
                  lambda d, rng: d.update([rng.random(40) ** 1.3 for _ in range(30)])),
     "ExcessCusum": (lambda: ExcessCusum(ert_tokens=1e5, shift=0.2), _NO_PREP,
@@ -115,7 +110,7 @@ def _result_json(r: Result) -> str:
 
 def test_the_walk_finds_every_detector_and_nothing_is_unclassified() -> None:
     classes = package_classes()
-    assert {"BernoulliCUSUM", "GaussianCUSUM", "PairedExactMatch", "WindowedTwoSample", "PitCusum", "ExcessCusum",
+    assert {"BernoulliCUSUM", "GaussianCUSUM", "PairedExactMatch", "PitCusum", "ExcessCusum",
             "ConformanceChart", "ImpossibleTokenChart", "RepeatChart"} <= set(classes)  # the walk is not vacuous
     unclassified = set(classes) - VALUE_TYPES - ABSTRACT - set(EXAMPLES)
     assert not unclassified, f"new classes in quality_sidecar.detectors: add an example to EXAMPLES: {unclassified}"

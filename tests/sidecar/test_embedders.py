@@ -15,7 +15,7 @@ import pytest
 from quality_sidecar.cli import main
 from quality_sidecar.detectors import linear_mmd_test, make_embedder, text_mmd_test
 from quality_sidecar.detectors.embedders import MiniLMEmbedder, minilm_model_dir
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 from .conftest import write_jsonl
 

@@ -15,7 +15,7 @@ import pytest
 from quality_sidecar.monitor import ArmComparison, MonitorConfig
 from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.service import ServiceConfig
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 pytestmark = pytest.mark.unit
 

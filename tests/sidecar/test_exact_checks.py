@@ -22,7 +22,7 @@ from quality_sidecar.detectors.exact_checks import (
     exact_checks,
 )
 from quality_sidecar.pipeline import Pipeline
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 from .conftest import metric_sum
 

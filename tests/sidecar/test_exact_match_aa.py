@@ -19,7 +19,7 @@ from quality_sidecar.monitor import MonitorConfig
 from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.replay import BaselineReplayClient, ReplayWorker
 from quality_sidecar.service import ServiceConfig
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from quality_sidecar.service import Service, ServiceConfig
-from quality_sidecar.synth import SampleStream, fuzz_messages
 from tests.support.process import free_port
+from tests.support.synth import SampleStream, fuzz_messages
 
 from .conftest import FAST_MONITOR, metric_sum, scrape
 

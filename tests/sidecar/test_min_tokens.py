@@ -11,7 +11,7 @@ import pytest
 from quality_sidecar.config import ServiceConfig
 from quality_sidecar.detectors.exact_checks import min_tokens_check
 from quality_sidecar.pipeline import Pipeline
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 pytestmark = pytest.mark.unit
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from quality_sidecar.service import Service, ServiceConfig
 from quality_sidecar.sources.file import FileSource
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 pytestmark = pytest.mark.unit
 

@@ -21,7 +21,7 @@ from quality_sidecar.pipeline import Pipeline
 from quality_sidecar.replay import BaselineReplayClient, ReplayWorker
 from quality_sidecar.service import ServiceConfig
 from quality_sidecar.sinks import HttpServer, Metrics
-from quality_sidecar.synth import SampleStream
+from tests.support.synth import SampleStream
 
 pytestmark = pytest.mark.unit
 

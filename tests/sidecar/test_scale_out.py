@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quality_sidecar.synth import SampleStream
 from tests.support.process import free_port
+from tests.support.synth import SampleStream
 
 from .conftest import FAST_MONITOR, metric_sum, scrape
 

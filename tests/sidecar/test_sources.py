@@ -68,17 +68,17 @@ def test_file_source_pause_restore_and_rewind(tmp_path) -> None:
 
 def test_the_service_reads_a_file_through_the_protocol(tmp_path) -> None:
     from quality_sidecar.service import Service, ServiceConfig
-    from quality_sidecar.synth import SampleStream
+    from tests.support.synth import SampleStream
 
     samples = SampleStream(seed=5, arm="baseline").take(30) + SampleStream(seed=6, arm="candidate").take(30)
     p = tmp_path / "s.jsonl"
     p.write_text("".join(json.dumps(s) + "\n" for s in samples) + "not json\n")
     svc = Service(ServiceConfig(source=f"file://{p}", state_path=str(tmp_path / "state.json"), progress=False))
     assert svc.run() == 0
-    summary = svc.summary()
-    assert summary["counts"] == {"samples": 60, "duplicates": 0, "dlq": 1}
-    assert {k: v["samples"] for k, v in summary["streams"].items()} == {
-        f"{samples[0]['model']}/baseline": 30, f"{samples[0]['model']}/candidate": 30}
+    counts = svc.pipeline.counts
+    assert counts == {"samples": 60, "duplicates": 0, "dlq": 1}
+    assert {k: s.samples for k, s in svc.pipeline.charts.streams.items()} == {
+        (samples[0]["model"], "baseline"): 30, (samples[0]["model"], "candidate"): 30}
     # a restart resumes after the checkpointed line: nothing is read or counted twice
     again = Service(ServiceConfig(source=f"file://{p}", state_path=str(tmp_path / "state.json"), progress=False))
-    assert again.run() == 0 and again.summary()["counts"] == summary["counts"]
+    assert again.run() == 0 and again.pipeline.counts == counts

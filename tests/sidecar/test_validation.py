@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quality_sidecar.schema import validation_errors
-from quality_sidecar.synth import SampleStream, fuzz_messages
 from quality_sidecar.validate import sample_errors
+from tests.support.synth import SampleStream, fuzz_messages
 
 pytestmark = pytest.mark.unit
 

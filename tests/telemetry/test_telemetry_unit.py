@@ -92,7 +92,7 @@ def test_sample_validates_and_carries_what_the_sidecar_needs():
 def test_schema_1_1_fields_and_1_0_samples_stay_valid():
     """stop_reason (string or token id), the choice index and vLLM's own id are optional 1.1 fields:
     a 1.0 sample without them validates, and the decision hashes vLLM's id, not the prefixed one."""
-    from quality_sidecar.synth import SampleStream
+    from tests.support.synth import SampleStream
 
     old = SampleStream(seed=3).take(1)[0]
     assert old["schema_version"] == "1.0" and "stop_reason" not in old["output"]

@@ -1,4 +1,6 @@
-"""Builds the labelled refusal dataset shipped as ``quality_sidecar/data/refusal_v1.jsonl``.
+#!/usr/bin/env python3
+"""Builds the labelled refusal dataset shipped as ``quality_sidecar/data/refusal_v1.jsonl`` (the refusal
+classifier trains on it when it loads, quality_sidecar/classifiers/refusal.py).
 
 How it is built (deterministic, seed 20261130): refusals are composed from opener x refusal verb x
 topic x reason x optional alternative offer; non-refusals are code continuations, explanations and
@@ -9,17 +11,20 @@ and answer templates are held out for the test split, so the reported precision/
 generalisation to unseen phrasings, not memorisation.  It is synthetic: the numbers say how well the
 model separates these phrasings, not how it does on a real model's traffic (see docs/sidecar.md).
 
-Rebuild:  python -m quality_sidecar.classifiers.refusal_data  (rewrites the JSONL).
+    python scripts/gen_refusal_data.py          # rewrite the JSONL
+    python scripts/gen_refusal_data.py --check  # exit 1 if it is not what this script builds
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
 SEED = 20261130
-DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "refusal_v1.jsonl"
+DATA_FILE = Path(__file__).resolve().parents[1] / "quality_sidecar" / "data" / "refusal_v1.jsonl"
 
 OPENERS = [
     "I'm sorry, but", "I apologize, but", "Sorry, but", "Unfortunately,", "I'm afraid", "As an AI language model,",
@@ -128,14 +133,20 @@ def build(seed: int = SEED, n_refusals: int = 1400, n_plain: int = 1800) -> list
     return rows
 
 
-def write(path: Path = DATA_FILE) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        for row in build():
-            fh.write(json.dumps(row, sort_keys=True) + "\n")
-    return path
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=f"Build {DATA_FILE.name}.")
+    ap.add_argument("--check", action="store_true", help=f"exit 1 if {DATA_FILE.name} is out of date")
+    args = ap.parse_args(argv)
+    text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in build())
+    if args.check:
+        if not DATA_FILE.exists() or DATA_FILE.read_text() != text:
+            print(f"{DATA_FILE} is out of date: run python scripts/gen_refusal_data.py", file=sys.stderr)
+            return 1
+        return 0
+    DATA_FILE.write_text(text)
+    print(f"wrote {text.count(chr(10))} rows to {DATA_FILE}")
+    return 0
 
 
 if __name__ == "__main__":
-    p = write()
-    print(f"wrote {sum(1 for _ in p.open())} rows to {p}")
+    sys.exit(main())
