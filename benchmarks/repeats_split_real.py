@@ -126,7 +126,7 @@ def run_sidecar(samples: list[dict[str, Any]], work: Path) -> dict[str, Any]:
     rc = svc.pipeline.charts.repeats.get("demo")
     return {"samples_read": svc.pipeline.counts["samples"], "wall_s": wall, "alarms": alarms,
             "repeated_samples_alarms": [a for a in alarms if a["detector"] == "repeated_samples"],
-            "chart_arms": {a: {k: v for k, v in st.items()} for a, st in (rc.arms if rc is not None else {}).items()},
+            "chart_arms": {a: dict(st) for a, st in (rc.arms if rc is not None else {}).items()},
             "min_candidate_pvalue": minimum_p[0]}
 
 
