@@ -17,7 +17,8 @@ against the A/A pairs among the same n): the seeded evidence the fault needs.
 Each run's report directory is kept under ``--work`` (per dtype, SPEC and seed) and reused when it is
 there, so the runs can be spread over several invocations at once (e.g. one with ``--faults ''``, one
 with ``--runs 0``, one with ``--descending``; a run another invocation holds is left to it) and a last
-one collects them all.
+one collects them all.  ``--resume FILE`` takes the runs of an earlier result file (same dtype and
+candidates) as they are and runs only the seeds it lacks: the runs of one plan spread over sessions.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--descending", action="store_true", help="the exact runs from the last seed down")
     ap.add_argument("--collect", action="store_true", help="start no run: collect the kept reports only")
     ap.add_argument("--work", default=".bench-work/gate-runs", help="report directories, kept and reused")
+    ap.add_argument("--resume", metavar="FILE", help="an earlier result file: its runs are kept, their seeds not rerun")
     ap.add_argument("--json", required=True, help="result file")
     args = ap.parse_args(argv)
 
@@ -126,16 +128,25 @@ def main(argv: list[str] | None = None) -> int:
     item_ids = [it.id for it in load_eval_set(DEFAULT_EVAL_SET)]
     faults = [s for s in args.faults.split(";") if s.strip()]
     seeds = range(args.runs - 1, -1, -1) if args.descending else range(args.runs)
-    plan = [(args.exact, seed) for seed in seeds] + [(f, 0) for f in faults]
-    exact_runs, fault_runs = [], []
+    exact_runs, fault_runs, earlier = [], [], None
+    if args.resume:
+        earlier = json.loads(Path(args.resume).read_text())
+        if earlier["dtype"] != args.dtype or earlier["exact"]["candidate"] != args.exact:
+            raise SystemExit(f"--resume {args.resume}: dtype {earlier['dtype']} / candidate "
+                             f"{earlier['exact']['candidate']} differ from this plan's {args.dtype} / {args.exact}")
+        exact_runs = [r for r in earlier["exact"]["per_run"] if r["seed"] < args.runs]
+        fault_runs = [r for r in earlier["faults"] if r["candidate"] in faults]
+    done = {("exact", r["seed"]) for r in exact_runs} | {(r["candidate"], 0) for r in fault_runs}
+    plan = [(kind, spec, seed) for kind, spec, seed in
+            [("exact", args.exact, seed) for seed in seeds] + [(f, f, 0) for f in faults] if (kind, seed) not in done]
     t0 = time.time()
-    for n, (spec, seed) in enumerate(tqdm(plan, desc="gate runs", unit="run")):
+    for kind, spec, seed in tqdm(plan, desc="gate runs", unit="run"):
         r = run_gate(spec, seed, args.dtype, Path(args.work), args.collect)
         if r is None:
             tqdm.write(f"{spec} seed {seed}: " + ("not run yet" if args.collect else "running in another invocation"))
             continue
         row = summary(spec, seed, r)
-        if spec == args.exact and n < args.runs:
+        if kind == "exact":
             exact_runs.append(row)
         else:
             c = pol["criteria"]
@@ -165,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                      "aa_pairs_total": sum(r["seeded_exact"]["aa_pairs"] or 0 for r in exact_runs),
                      "per_run": exact_runs},
            "faults": fault_runs, "wall_s_this_invocation": round(time.time() - t0, 1),
+           "resumed_from": earlier and {"command": earlier["command"], "when_utc": earlier["when_utc"],
+                                        **({"resumed_from": earlier["resumed_from"]} if earlier.get("resumed_from") else {})},
            "machine": "2 CPU cores (shared); wall times (the gate's own, report meta.wall_s) are upper bounds"}
     Path(args.json).write_text(json.dumps(out, indent=1))
     print(f"exact {args.exact}: PASS {passes}/{len(exact_runs)}; faults: "

@@ -49,8 +49,8 @@ def zipf_prompts(n_prompts: int, n_requests: int, seed: int) -> list[int]:
     return rng.choice(n_prompts, n_requests, p=pop / pop.sum()).tolist()
 
 
-def generate(spec: str, prompts: list[str], order: list[int], args: argparse.Namespace) -> list[list[int]]:
-    """Output token ids of every request (``order``: prompt index per request), one engine."""
+def generate(spec: str, prompts: list[str], order: list[int], args: argparse.Namespace) -> list[list[Any]]:
+    """[output token ids, output text] of every request (``order``: prompt index per request), one engine."""
     from vllm import SamplingParams
 
     from vllm_lookahead.decoders import DEMO_MODEL, parse_spec
@@ -60,10 +60,10 @@ def generate(spec: str, prompts: list[str], order: list[int], args: argparse.Nam
                    max_num_seqs=args.batch)
     outs = llm.generate([prompts[i] for i in order],
                         SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return [[list(o.outputs[0].token_ids), o.outputs[0].text] for o in outs]
 
 
-def sample(arm: str, i: int, prompt: str, ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+def sample(arm: str, i: int, prompt: str, ids: list[int], text: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "schema_version": "1.4", "request_id": f"{arm}-{i}", "trace_id": f"{i:032x}", "span_id": f"{i:016x}",
         "time": {"arrival_unix_s": 1.8e9 + i, "finish_unix_s": 1.8e9 + i + 1},
@@ -72,22 +72,22 @@ def sample(arm: str, i: int, prompt: str, ids: list[int], args: argparse.Namespa
         "sampling": {"temperature": args.temperature, "top_p": 1.0, "top_k": -1, "max_tokens": args.max_tokens,
                      "n": 1, "min_tokens": 0},
         "prompt": {"text": prompt, "sha256": hashlib.sha256(prompt.encode()).hexdigest(), "redacted": False},
-        "output": {"text": "", "token_ids": ids, "num_tokens": len(ids),
+        "output": {"text": text, "token_ids": ids, "num_tokens": len(ids),
                    "finish_reason": "length" if len(ids) >= args.max_tokens else "stop"},
     }
 
 
-def stream(gens: dict[str, list[list[int]]], prompts: list[str], order: list[int], share: float, reused: bool,
+def stream(gens: dict[str, list[list[Any]]], prompts: list[str], order: list[int], share: float, reused: bool,
            args: argparse.Namespace) -> list[dict[str, Any]]:
     rng = np.random.default_rng(args.seed + int(share * 1000))
-    first: dict[int, list[int]] = {}
+    first: dict[int, list[Any]] = {}
     out = []
     for i, (p, u) in enumerate(zip(order, rng.random(len(order)))):
         arm = "candidate" if u < share else "baseline"
-        ids = gens[arm][i]
+        ids, text = gens[arm][i]
         if reused and arm == "candidate":
-            ids = first.setdefault(p, ids)
-        out.append(sample(arm, i, prompts[p], ids, args))
+            ids, text = first.setdefault(p, [ids, text])
+        out.append(sample(arm, i, prompts[p], ids, text, args))
     return out
 
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.time()
     gens = {}
     for arm, spec in ARMS.items():
-        key = hashlib.sha1(json.dumps([spec, args.requests, args.prompts, args.prompt_chars, args.max_tokens,
+        key = hashlib.sha1(json.dumps(["ids+text", spec, args.requests, args.prompts, args.prompt_chars, args.max_tokens,
                                        args.temperature, args.seed]).encode()).hexdigest()[:12]
         cache = work / f"{arm}-{key}.json"
         if not cache.exists():
