@@ -185,15 +185,15 @@ class Charts:
                 "repeats": {m: c.get_state() for m, c in self.repeats.items()}}
 
     def set_state(self, st: dict[str, Any]) -> None:
-        for model, cs in (st.get("conformance") or {}).items():
+        for model, cs in st["conformance"].items():
             self.conformance_monitor(model).set_state(cs)
-        for model, cs in (st.get("repeats") or {}).items():
+        for model, cs in st["repeats"].items():
             self.repeat_chart(model).set_state(cs)
         for key, ss in st["streams"].items():
             model, arm = key.split("\x1f")
             self.streams[(model, arm)] = StreamMonitor(model, arm, self.cfg.monitor)
             self.streams[(model, arm)].set_state(ss)
-        for model, cs in (st.get("compare") or {}).items():
+        for model, cs in st["compare"].items():
             self.comparison(model).set_state(cs)
-        for model, ps in (st.get("pairs") or {}).items():
+        for model, ps in st["pairs"].items():
             self.pair_table(model).set_state(ps)

@@ -102,10 +102,10 @@ class ConformanceMonitor:
                 "impossible": self.impossible.get_state()}
 
     def set_state(self, st: dict[str, Any]) -> None:
-        for arm, cs in (st.get("charts") or {}).items():
+        for arm, cs in st["charts"].items():
             self._chart(arm).set_state(cs)
-        self.stats.update(st.get("stats") or {})
-        self.impossible.set_state(st.get("impossible") or {})
+        self.stats.update(st["stats"])
+        self.impossible.set_state(st["impossible"])
 
     def reset(self, arm: str | None = None, detector: str | None = None) -> None:
         """Acknowledge: restart the chart(s) so they can fire again (accumulators are kept)."""

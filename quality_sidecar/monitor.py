@@ -197,17 +197,6 @@ class StreamMonitor(StatefulDetector):
             return {k: Result.from_dict(v) for k, v in value.items()}
         return value
 
-    def set_state(self, st: dict[str, Any]) -> None:
-        if "version" not in st:  # state file written before the protocol: re-fit from the reference
-            self.ref, self.samples, self.flag_counts = st["ref"], st["samples"], st["flag_counts"]
-            if st["charts"]:
-                self.fit()
-                for k, cs in st["charts"].items():
-                    if k in self.charts:
-                        self.charts[k].set_state(cs)
-            return
-        super().set_state(st)
-
     def add_reference(self, feats: list[Features]) -> list[Features]:
         """Feed reference samples; returns those left over once the reference is full."""
         room = self.cfg.reference_size - len(self.ref["loglen"])
@@ -313,11 +302,6 @@ class ArmComparison(StatefulDetector):
         r = self.last[key] = Result(f"twosample_{key}", statistic, alpha, fire or latched,
                                     alarm_new=fire and not latched, pvalue=p, n=n, extra=extra)
         return r
-
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        if version == 1:  # before the evidence-loss counts
-            return {**st, "version": 2, "state": {**st["state"], "lost": _no_losses()}}
-        return super()._upgrade_state(st, version)
 
     def _embedded(self, feats: list[Features]) -> np.ndarray:
         todo = [f for f in feats if f.embedding is None]

@@ -106,13 +106,6 @@ class PairTable(StatefulDetector):
         self.mismatch_examples.clear()
         self.last = None
 
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        """Version 1 carried A/A counts beside a CUSUM; the waiting table and examples carry over, the
-        detector upgrades itself (its counts start anew)."""
-        old = st.get("state", {})
-        return {"version": self.STATE_VERSION,
-                "state": {k: old.get(k, [] if k != "last" else None) for k in self.STATE}}
-
     def _encode_state(self, name: str, value: Any) -> Any:
         if name == "table":
             keep = list(value.items())[-self.cfg.pair_state_entries:] if self.cfg.pair_state_entries > 0 else []

@@ -396,10 +396,10 @@ class Pipeline:
         for r, n in self.dlq_reasons.items():
             self.metrics.dlq.labels(r).inc(n)
         self.seen = OrderedDict.fromkeys(st["seen"])
-        self.rework = dict(st.get("pending") or {})
-        self.alarm_log = st.get("alarms", [])
+        self.rework = dict(st["pending"])
+        self.alarm_log = st["alarms"]
         self.charts.set_state(st)
         for (model, arm), mon in self.charts.streams.items():
             self.metrics.samples.labels(model, arm).inc(mon.samples)
-        self.control_log = st.get("control", [])
+        self.control_log = st["control"]
         self.refresh_gauges()  # alarm gauges say 1 for a latched alarm right after the restart

@@ -72,8 +72,12 @@ class Service:
             self._reconcile_pending_state(cfg.state_path)
         if cfg.state_path and Path(cfg.state_path).exists():
             st = json.loads(Path(cfg.state_path).read_text())
-            self.pipeline.set_state(st["pipeline"])
-            self.offsets = {(t, int(p)): o for t, p, o in st["offsets"]}
+            try:
+                self.pipeline.set_state(st["pipeline"])
+                self.offsets = {(t, int(p)): o for t, p, o in st["offsets"]}
+            except KeyError as e:  # detector states say their own version (StatefulDetector.set_state)
+                raise ValueError(f"state file {cfg.state_path} lacks {e} (written by an older sidecar); older states "
+                                 "are not upgraded: delete the state file (state_path) to start fresh") from None
             log.info("resumed from %s: %d samples, %d offsets", cfg.state_path, self.pipeline.counts["samples"],
                      len(self.offsets))
         self.source.on_revoke = self._on_revoke

@@ -13,8 +13,9 @@ acknowledged; the service persists every detector in one state file.  A detector
 
 * sets ``STATE = ("attr", ...)``: the attributes that, with the constructor arguments (the
   config), restore it exactly;
-* may set ``STATE_VERSION`` (bump it when the meaning of ``STATE`` changes): ``set_state`` refuses a
-  newer version and calls ``_upgrade_state`` on an older one;
+* may set ``STATE_VERSION`` (bump it when the meaning of ``STATE`` changes): ``set_state`` reads only
+  that version; an older or unversioned state is refused with the one error that says to delete the
+  state file (no upgrade code is kept), a newer one with an error that says to upgrade the sidecar;
 * may override ``_encode_state`` / ``_decode_state`` for values plain JSON cannot carry (tuples,
   int dict keys, deques, nested detectors: only the parent knows a child's constructor arguments);
 * may override ``_after_set_state()`` to rebuild derived values (thresholds, increments).
@@ -107,10 +108,10 @@ class StatefulDetector:
                 "state": {k: to_jsonable(self._encode_state(k, getattr(self, k))) for k in self.STATE}}
 
     def set_state(self, st: Mapping[str, Any]) -> None:
-        if "state" not in st or "version" not in st:
-            st = self._upgrade_state(dict(st), 0)
-        elif int(st["version"]) < self.STATE_VERSION:
-            st = self._upgrade_state(dict(st), int(st["version"]))
+        if "version" not in st or int(st["version"]) < self.STATE_VERSION:
+            raise ValueError(f"{type(self).__name__}: state version {st.get('version', 'none')}, expected "
+                             f"{self.STATE_VERSION}; older states are not upgraded: delete the state file "
+                             "(state_path) to start fresh")
         if int(st["version"]) > self.STATE_VERSION:
             raise ValueError(f"{type(self).__name__}: state version {st['version']} is newer than this code "
                              f"({self.STATE_VERSION}); upgrade the sidecar")
@@ -135,9 +136,6 @@ class StatefulDetector:
 
     def _after_set_state(self) -> None:
         pass
-
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        raise ValueError(f"{type(self).__name__}: cannot read state version {version}")
 
 
 @runtime_checkable
@@ -169,8 +167,7 @@ class ArmControlChart(StatefulDetector):
     ``alarm_index`` and ``alarms``.  A subclass supplies ``_fresh_arm``, ``pvalue(arm)`` and
     ``update(arm, ...) -> Result``; ``_judge`` applies ``alpha`` to the arm's p-value the same way for
     every such chart.  ``CONTROL`` is the arm the others are compared with (``control()``).
-    State: ``arms`` (version 1); a state file from before the contract held ``{"arms": ...}`` (plus
-    whatever else the subclass's ``STATE`` names) without a version, and loads as version 0.
+    State: ``arms``.
     """
 
     STATE: ClassVar[tuple[str, ...]] = ("arms",)
@@ -223,11 +220,5 @@ class ArmControlChart(StatefulDetector):
         del self.arms[arm]
 
     def _decode_state(self, name: str, value: Any) -> Any:
-        return {a: dict(v) for a, v in (value or {}).items()} if name == "arms" else value
-
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        """Version 0: the flat ``{name: value}`` dict of ``STATE`` (before the contract)."""
-        if version == 0:
-            return {"version": 1, "state": {k: st.get(k) for k in self.STATE}}
-        return super()._upgrade_state(st, version)
+        return {a: dict(v) for a, v in value.items()} if name == "arms" else value
 

@@ -85,24 +85,10 @@ class ConformanceChart(StatefulDetector):
         for c in self._charts:
             c.reset()
 
-    def set_state(self, st: Mapping[str, Any]) -> None:
-        if st.get("type") == PitCusum.__name__:  # a lone PIT chart's state (older checkpoints)
-            st = {"pit": st}
-        super().set_state(st)
-
     def _decode_state(self, name: str, value: Any) -> Any:
         chart = getattr(self, name)
-        chart.set_state(value or {})
+        chart.set_state(value)
         return chart
-
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        """Version 0: ``{"pit", "excess", "late"}`` of the charts' flat states, or (from before the
-        excess chart) a PIT chart's flat state; an absent chart starts fresh."""
-        if version == 0:
-            if not any(k in st for k in self.STATE):
-                st = {"pit": st}
-            return {"version": 1, "state": {k: st.get(k) or {} for k in self.STATE}}
-        return super()._upgrade_state(st, version)
 
     def update(self, scores: Sequence[SequenceScore],
                positions: Sequence[np.ndarray | None] | None = None) -> Result:

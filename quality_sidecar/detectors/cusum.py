@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
@@ -114,14 +113,6 @@ class BernoulliCUSUM(StatefulDetector):
     def _after_set_state(self) -> None:
         self._derive()  # the threshold follows from p0 and the configured ERT: not stored
 
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        """Version 0 (before the state protocol): {s, n, alarm, alarms}, p0 re-fitted by the caller."""
-        if version == 0 and "s" in st:
-            return {"version": 1, "state": {"p0_": getattr(self, "p0_", self.p_floor), "s_": st["s"],
-                                             "n_": st["n"], "alarm_": st["alarm"], "alarms_": st["alarms"],
-                                             "alarm_index_": None}}
-        return super()._upgrade_state(st, version)
-
     def fit(self, reference) -> BernoulliCUSUM:
         """p0 = one-sided 90% upper (Jeffreys) bound of the reference rate, not the point estimate:
         a chart tuned to an underestimated p0 fires on a stream that did not change (measured:
@@ -196,14 +187,6 @@ class GaussianCUSUM(StatefulDetector):
 
     reset = BernoulliCUSUM.reset
     acknowledge = BernoulliCUSUM.acknowledge
-
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        """Version 0: {s, n, alarm, alarms}; the fitted mean/sd/threshold come from a re-fit."""
-        if version == 0 and "s" in st and hasattr(self, "threshold_"):
-            return {"version": 1, "state": {"mean_": self.mean_, "sd_": self.sd_, "threshold_": self.threshold_,
-                                             "s_": st["s"], "n_": st["n"], "alarm_": st["alarm"],
-                                             "alarms_": st["alarms"], "alarm_index_": None}}
-        return super()._upgrade_state(st, version)
 
     def update(self, batch) -> Result:
         x = np.asarray(batch, dtype=float)
@@ -295,12 +278,6 @@ class PitCusum(StatefulDetector):
         self.s_up_ = self.s_down_ = 0.0
         self.n_, self.tokens_, self.alarm_, self.alarms_, self.alarm_index_ = 0, 0, False, 0, None
         self.sum_x_, self.direction_ = 0.0, ""
-
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        """Version 0: the flat ``{name: value}`` dict of ``STATE``; absent names keep their reset values."""
-        if version == 0:
-            return {"version": 1, "state": {k: st.get(k, getattr(self, k)) for k in self.STATE}}
-        return super()._upgrade_state(st, version)
 
     @property
     def mean_u(self) -> float:

@@ -109,18 +109,6 @@ class PairedExactMatch(StatefulDetector):
     def _decode_state(self, name: str, value: Any) -> Any:
         return Counter({int(k): int(v) for k, v in value}) if name == "positions_" else value
 
-    def _upgrade_state(self, st: dict[str, Any], version: int) -> dict[str, Any]:
-        """Version 2 had no ``seeded`` source: it starts empty, the others carry over.  Version 1 was a
-        CUSUM against a configured or learned p0: its sums mean nothing to the two-sample test, so only
-        the divergence positions carry over; pairs are gathered anew."""
-        old = st.get("state", {})
-        if version == 2:
-            old["sources_"] = {**{s: _fresh_source() for s in SOURCES}, **old["sources_"]}
-            return {**st, "version": self.STATE_VERSION, "state": old}
-        new = self.fit().get_state()
-        new["state"]["positions_"] = old.get("positions_", [])
-        return new
-
     def _look(self, st: dict[str, Any]) -> bool:
         """Test the source's block once it is full and the A/A reference is big enough."""
         if st["block_pairs"] < self.block or st["aa_pairs"] < self.block:

@@ -141,5 +141,5 @@ class RepeatChart(ArmControlChart):
 
     def _decode_state(self, name: str, value: Any) -> Any:
         if name == "seen":
-            return OrderedDict((k, v) for k, v in (value or []))
+            return OrderedDict((k, v) for k, v in value)
         return super()._decode_state(name, value)

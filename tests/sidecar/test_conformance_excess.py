@@ -25,7 +25,7 @@ from quality_sidecar.detectors.conformance_stats import (
     excess_test,
     excess_totals,
 )
-from quality_sidecar.detectors.cusum import ExcessCusum, PitCusum
+from quality_sidecar.detectors.cusum import ExcessCusum
 
 V = 200
 
@@ -180,14 +180,6 @@ def test_conformance_chart_alarms_on_a_sharper_sampler_and_keeps_state() -> None
     assert twin.alarm_ and twin.alarm_index_ == chart.alarm_index_ and twin.excess.v_n_ == chart.excess.v_n_
     chart.reset()
     assert not chart.alarm_ and not chart.update(_scored_stream(rng, 50)).alarm
-
-
-def test_conformance_chart_reads_a_pit_chart_state_from_before_the_excess_chart() -> None:
-    old = PitCusum(ert_tokens=2e9, shift=0.04)
-    old.update([np.random.default_rng(0).random(40) for _ in range(10)])
-    chart = ConformanceChart(ert_tokens=1e9, shift=0.04)
-    chart.set_state(old.get_state()["state"])  # the flat {name: value} dict state files held then
-    assert chart.pit.n_ == 10 and chart.excess.n_ == 0
 
 
 def test_exact_sampling_raises_no_alarm_on_either_chart() -> None:

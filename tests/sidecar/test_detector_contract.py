@@ -4,7 +4,7 @@ Why: the T>0 charts once had ad-hoc state (a flat dict, per-arm ``add`` methods)
 checkpoint and acknowledge code needed a case per chart, and nothing stopped a new chart from adding
 another.  The classes are found by walking the package, not listed: a new class must either pass the
 contract (and get an example here, or this test fails) or be declared a value type or an abstract base.
-Also checked: the state formats written before the contract still load.
+Also checked: an unversioned or older state is refused with the one error that says to delete the state file.
 """
 
 from __future__ import annotations
@@ -146,9 +146,14 @@ def test_detector_implements_the_contract(name: str) -> None:
         assert _result_json(ra) == _result_json(rb)
     assert _strict_json(twin.get_state()) == _strict_json(det.get_state())
 
-    # a newer state version is refused; acknowledge clears every latched alarm
+    # a newer state version is refused, and an unversioned or older one by StatefulDetector's one error
+    # (no upgrade code is kept); acknowledge clears every latched alarm
     with pytest.raises(ValueError, match="newer"):
         make().set_state({**st, "version": cls.STATE_VERSION + 1})
+    for old, found in ((st["state"], "none"), ({**st, "version": cls.STATE_VERSION - 1}, cls.STATE_VERSION - 1)):
+        with pytest.raises(ValueError, match=rf"^{name}: state version {found}, expected {cls.STATE_VERSION};"
+                                             r".*delete the state file \(state_path\) to start fresh"):
+            make().set_state(old)
     det.acknowledge()
     assert not det.alarm_
 
@@ -176,66 +181,3 @@ def test_arm_control_charts_share_the_base() -> None:
     assert c.control()["samples"] == 50 and c.arms["candidate"]["alarm"]
     c.reset("candidate")
     assert "candidate" not in c.arms and "baseline" in c.arms and not c.alarm_
-
-
-# --- state written before the contract (unversioned) still loads --------------------------------------------
-
-def test_old_conformance_chart_state_loads() -> None:
-    chart = ConformanceChart(ert_tokens=1e5, shift=0.2)
-    chart.update(*_scores(np.random.default_rng(4), 60))
-    assert chart.alarm_
-    new = _strict_json(chart.get_state())
-    old = {k: new["state"][k]["state"] for k in ("pit", "excess", "late")}  # {"pit": flat, ...}, no version
-    assert "version" not in old and "s_up_" in old["pit"]
-    loaded = ConformanceChart(ert_tokens=1e5, shift=0.2)
-    loaded.set_state(old)
-    assert _strict_json(loaded.get_state()) == new
-    # older still: a PIT chart's flat state lacking a later field, before the excess chart existed
-    pit_only = {k: v for k, v in old["pit"].items() if k != "direction_"}
-    loaded = ConformanceChart(ert_tokens=1e5, shift=0.2)
-    loaded.set_state(pit_only)
-    assert loaded.pit.n_ == chart.pit.n_ and loaded.pit.direction_ == "" and loaded.excess.n_ == 0
-
-
-def test_old_impossible_and_repeat_chart_states_load() -> None:
-    old = {"arms": {"baseline": {"samples": 4, "tokens": 400, "impossible": 0, "reasons": {}, "alarm": False,
-                                 "alarm_index": None, "alarms": 0},
-                    "candidate": {"samples": 4, "tokens": 400, "impossible": 9, "reasons": {"top_p": 9},
-                                  "alarm": True, "alarm_index": 3, "alarms": 1}}}
-    c = ImpossibleTokenChart(alpha=1e-3, floor_per_token=1e-4)
-    c.set_state(old)
-    assert c.arms == old["arms"] and c.alarm_
-    assert c.get_state() == {"type": "ImpossibleTokenChart", "version": 1, "state": old}
-    r = c.update("candidate", 100, {})
-    assert r.alarm and not r.alarm_new and r.n == 5
-
-    rc = RepeatChart(alpha=1e-3)
-    _repeats(rc, np.random.default_rng(5))
-    new = _strict_json(rc.get_state())
-    old = new["state"]  # {"arms": ..., "seen": [[prompt, entry], ...]}, no version
-    loaded = RepeatChart(alpha=1e-3)
-    loaded.set_state(old)
-    assert _strict_json(loaded.get_state()) == new
-    assert _result_json(_repeats(loaded, np.random.default_rng(6))) == _result_json(_repeats(rc, np.random.default_rng(6)))
-
-
-def test_a_checkpointed_conformance_monitor_from_before_the_contract_loads() -> None:
-    """What ``Pipeline.get_state`` wrote under ``conformance`` per model before the contract: the charts'
-    flat states and the impossible-token chart's unversioned arms."""
-    from quality_sidecar.baseline_scoring import ConformanceConfig
-    from quality_sidecar.conformance_monitor import ConformanceMonitor
-
-    cfg = ConformanceConfig(ert_tokens=1e5, shift=0.2)
-    mon = ConformanceMonitor("toy", cfg)
-    scores, positions = _scores(np.random.default_rng(7), 40)
-    for sc, pos in zip(scores, positions):
-        mon.add("candidate", sc, None, "r", pos)
-    mon.add_impossible("candidate", 40, {"top_k": 2}, None, "r")
-    new = _strict_json(mon.get_state())
-    old = {"stats": new["stats"], "impossible": new["impossible"]["state"],
-           "charts": {a: {k: c["state"][k]["state"] for k in ("pit", "excess", "late")}
-                      for a, c in new["charts"].items()}}
-    loaded = ConformanceMonitor("toy", cfg)
-    loaded.set_state(old)
-    assert _strict_json(loaded.get_state()) == new
-    assert loaded.charts["candidate"].alarm_ == mon.charts["candidate"].alarm_

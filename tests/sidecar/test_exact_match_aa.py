@@ -140,22 +140,6 @@ def test_pipeline_replay_pairs_use_the_measured_baseline_arm_rate():
     assert not pipe.active_alarms()
 
 
-def test_a_state_file_of_the_cusum_version_still_loads():
-    """A restart after the upgrade: the old CUSUM's sums are dropped (meaningless to the new test),
-    the waiting table and the divergence positions carry over."""
-    from quality_sidecar.pair_table import PairTable
-
-    old_detector = {"type": "PairedExactMatch", "version": 1,
-                    "state": {"chart": {"s": 3.0}, "pairs_": 3, "matches_": 2, "positions_": [[7, 1]],
-                              "aa_source_": {"source": "configured aa_mismatch_rate"}}}
-    old = {"type": "PairTable", "version": 1,
-           "state": {"table": [["k", "baseline", [1, 2], None, "r1"]], "aa_pairs": 0, "aa_mismatches": 0,
-                     "aa_fitted_at": 0, "mismatch_examples": [], "detector": old_detector, "last": None}}
-    pt = PairTable("m", MonitorConfig())
-    pt.set_state(old)
-    assert list(pt.table) == ["k"] and pt.detector.positions_ == {7: 1} and pt.detector.sources_["arm"]["pairs"] == 0
-
-
 def _seeded(s: dict, seed: int | None = 7, seeded_exact: bool | None = True, **sampling) -> dict:
     s["sampling"].update({"temperature": 0.8, "top_p": 0.9, "seed": seed, "n": 1, **sampling})
     s["decoder"]["seeded_exact"] = seeded_exact
@@ -200,14 +184,3 @@ def test_seeded_pairs_are_their_own_source_with_their_own_aa_reference():
     assert d.sources_["replay"]["pairs"] == 0
     alarms = [a for a in pipe.active_alarms() if a["detector"] == "exact_match"]
     assert alarms and d.alarm_source_ == "seeded"
-
-
-def test_a_state_file_without_the_seeded_source_still_loads():
-    """A restart after the upgrade that added the ``seeded`` source: the others carry over."""
-    old = PairedExactMatch(ERT).get_state()
-    old["version"] = 2
-    old["state"]["sources_"].pop("seeded")
-    old["state"]["sources_"]["replay"]["aa_pairs"] = 123
-    det = PairedExactMatch(ERT)
-    det.set_state(old)
-    assert det.sources_["replay"]["aa_pairs"] == 123 and det.sources_["seeded"]["aa_pairs"] == 0

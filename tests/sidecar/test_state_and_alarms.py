@@ -57,10 +57,6 @@ def test_every_detector_round_trips_its_declared_state():
     assert fresh[2].sources_["replay"]["aa_pairs"] == 400 and fresh[2].alarm_ == pe.alarm_ is True
     with pytest.raises(ValueError, match="newer"):
         fresh[0].set_state({**b.get_state(), "version": 99})
-    # a state file written before the protocol (version 0) still loads
-    old = BernoulliCUSUM("r", 1e5, delta=0.05).fit(rng.random(500) < 0.02)
-    old.set_state({"s": 1.5, "n": 10, "alarm": False, "alarms": 0})
-    assert old.s_ == 1.5 and old.n_ == 10
 
 
 def _streams():
@@ -209,3 +205,20 @@ def test_ack_clear_and_rebaseline_over_http_and_cli_on_a_running_service(tmp_pat
     finally:
         svc.close()
     assert not json.loads(state.read_text())["pipeline"]["streams"]["demo-code-4l\x1fcandidate"]["state"]["charts"]
+
+
+def test_a_state_file_of_an_older_layout_stops_with_a_clear_error(tmp_path, clean_and_regressed):
+    ref, _ = clean_and_regressed("acceptance")
+    state = tmp_path / "state.json"
+    conf = {"source": f"file://{write_jsonl(tmp_path / 's.jsonl', ref[:50])}", "state_path": str(state),
+            "progress": False, "monitor": FAST_MONITOR}
+    svc = Service(ServiceConfig.from_dict(conf), http_port=0)
+    try:
+        _drain(svc)
+    finally:
+        svc.close()
+    st = json.loads(state.read_text())
+    del st["pipeline"]["control"]  # a key a newer sidecar writes and an older one did not
+    state.write_text(json.dumps(st))
+    with pytest.raises(ValueError, match=r"lacks 'control'.*delete the state file \(state_path\)"):
+        Service(ServiceConfig.from_dict(conf), http_port=0)
