@@ -5,7 +5,7 @@ arms built afresh) with its own ``--seed``: the engine seed and every per-reques
 samples differ between runs, so the runs are independent decisions.  The exact candidate runs
 ``--runs`` times (seeds 0..runs-1); every fault runs once (seed 0); ``--dtype`` sets both arms' engines
 (float32 or bfloat16).  Recorded per run: the verdict, the failed criteria, the ``seeded_exact`` block (pairs, mismatches, the seeded A/A, coupling), the
-``sampled`` adjusted p-values and the wall time.
+``sampled`` adjusted p-values, the T>0 tokens and impossible (out-of-support) tokens per arm and the wall time.
 
 "Seeded samples needed" (per fault): the smallest number n of the run's seeded pairs, taken in the
 order a smaller gate would have them (sample 0 of every item, then sample 1, ...), on which
@@ -102,7 +102,11 @@ def summary(candidate: str, seed: int, r: dict[str, Any]) -> dict[str, Any]:
                              "aa_mismatches": (sx.get("aa") or {}).get("mismatches"),
                              "p_value": sx.get("p_value"), "coupled": sx.get("coupled"),
                              "verifier_steps": sx.get("verifier_steps")},
-            "sampled_p_adjusted": (rep.get("sampled") or {}).get("p_adjusted")}
+            "sampled_p_adjusted": (rep.get("sampled") or {}).get("p_adjusted"),
+            "impossible_tokens": {arm: {"tokens": conf.get("tokens", {}).get(arm),
+                                        "out_of_support": conf.get("out_of_support", {}).get(arm)}
+                                  for conf in [(rep.get("sampled") or {}).get("conformance") or {}]
+                                  for arm in ("baseline", "candidate")}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
                      "seeded_pairs_total": sum(r["seeded_exact"]["pairs"] or 0 for r in exact_runs),
                      "aa_mismatches_total": sum(r["seeded_exact"]["aa_mismatches"] or 0 for r in exact_runs),
                      "aa_pairs_total": sum(r["seeded_exact"]["aa_pairs"] or 0 for r in exact_runs),
+                     "impossible_tokens_total": {arm: {key: sum((r.get("impossible_tokens") or {}).get(arm, {}).get(key)
+                                                                or 0 for r in exact_runs)
+                                                       for key in ("tokens", "out_of_support")}
+                                                 for arm in ("baseline", "candidate")},
                      "per_run": exact_runs},
            "faults": fault_runs, "wall_s_this_invocation": round(time.time() - t0, 1),
            "resumed_from": earlier and {"command": earlier["command"], "when_utc": earlier["when_utc"],
