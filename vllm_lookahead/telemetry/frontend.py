@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from typing import Any
 
 from vllm_lookahead.vllm.processes import is_frontend_process, is_worker_process
 
@@ -102,8 +101,3 @@ def install_if_configured(env: dict[str, str] | None = None) -> FrontendTelemetr
         logger.info("vllm_lookahead telemetry on: otel=%s sample_rate=%s sink=%s", config.otel,
                     config.sample_rate, config.sink.url)
         return telemetry
-
-
-def stats_snapshot() -> dict[str, Any] | None:
-    t = _telemetry
-    return None if t is None else t.stats.snapshot()

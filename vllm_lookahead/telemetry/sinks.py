@@ -260,10 +260,6 @@ class KafkaSink(Sink):
         return bool(self._pending) or self._in_flight > 0
 
     @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @property
     def pending(self) -> int:
         """Samples waiting for a retry (topic metadata or leader not ready)."""
         return len(self._pending)
