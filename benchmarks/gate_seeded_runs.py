@@ -90,6 +90,7 @@ def samples_needed(report: dict[str, Any], item_ids: list[str], per_item: int, m
 
 def summary(candidate: str, seed: int, r: dict[str, Any]) -> dict[str, Any]:
     rep = r["report"]
+    conf = (rep.get("sampled") or {}).get("conformance") or {}
     crits = {c["name"]: c for c in rep["criteria"]}
     sx = rep.get("seeded_exact") or {}
     return {"candidate": candidate, "seed": seed, "rc": r["rc"], "verdict": rep["verdict"], "failed": rep["failed"],
@@ -105,7 +106,6 @@ def summary(candidate: str, seed: int, r: dict[str, Any]) -> dict[str, Any]:
             "sampled_p_adjusted": (rep.get("sampled") or {}).get("p_adjusted"),
             "impossible_tokens": {arm: {"tokens": conf.get("tokens", {}).get(arm),
                                         "out_of_support": conf.get("out_of_support", {}).get(arm)}
-                                  for conf in [(rep.get("sampled") or {}).get("conformance") or {}]
                                   for arm in ("baseline", "candidate")}}
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ServiceConfig
+from .detectors.base import OLD_STATE_ADVICE
 from .pipeline import Origin, Pipeline
 from .sinks import AlertSink, JsonWriter, Metrics
 from .sources import Source, open_source
@@ -76,8 +77,8 @@ class Service:
                 self.pipeline.set_state(st["pipeline"])
                 self.offsets = {(t, int(p)): o for t, p, o in st["offsets"]}
             except KeyError as e:  # detector states say their own version (StatefulDetector.set_state)
-                raise ValueError(f"state file {cfg.state_path} lacks {e} (written by an older sidecar); older states "
-                                 "are not upgraded: delete the state file (state_path) to start fresh") from None
+                raise ValueError(f"state file {cfg.state_path} lacks {e} (written by an older sidecar); "
+                                 f"{OLD_STATE_ADVICE}") from None
             log.info("resumed from %s: %d samples, %d offsets", cfg.state_path, self.pipeline.counts["samples"],
                      len(self.offsets))
         self.source.on_revoke = self._on_revoke

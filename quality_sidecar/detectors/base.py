@@ -110,8 +110,7 @@ class StatefulDetector:
     def set_state(self, st: Mapping[str, Any]) -> None:
         if "version" not in st or int(st["version"]) < self.STATE_VERSION:
             raise ValueError(f"{type(self).__name__}: state version {st.get('version', 'none')}, expected "
-                             f"{self.STATE_VERSION}; older states are not upgraded: delete the state file "
-                             "(state_path) to start fresh")
+                             f"{self.STATE_VERSION}; {OLD_STATE_ADVICE}")
         if int(st["version"]) > self.STATE_VERSION:
             raise ValueError(f"{type(self).__name__}: state version {st['version']} is newer than this code "
                              f"({self.STATE_VERSION}); upgrade the sidecar")
@@ -136,6 +135,9 @@ class StatefulDetector:
 
     def _after_set_state(self) -> None:
         pass
+
+
+OLD_STATE_ADVICE = "older states are not upgraded: delete the state file (state_path) to start fresh"
 
 
 @runtime_checkable
