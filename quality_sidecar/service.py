@@ -69,18 +69,12 @@ class Service:
         self._checkpoints = 0
         self._fatal = False  # a commit failed: no more checkpoints (they would count uncommitted records)
         self._lag_labels: set[tuple[str, ...]] = set()
-        if cfg.state_path:
-            self._reconcile_pending_state(cfg.state_path)
-        if cfg.state_path and Path(cfg.state_path).exists():
-            st = json.loads(Path(cfg.state_path).read_text())
-            try:
-                self.pipeline.set_state(st["pipeline"])
-                self.offsets = {(t, int(p)): o for t, p, o in st["offsets"]}
-            except KeyError as e:  # detector states say their own version (StatefulDetector.set_state)
-                raise ValueError(f"state file {cfg.state_path} lacks {e} (written by an older sidecar); "
-                                 f"{OLD_STATE_ADVICE}") from None
-            log.info("resumed from %s: %d samples, %d offsets", cfg.state_path, self.pipeline.counts["samples"],
-                     len(self.offsets))
+        self.workers: dict = {}
+        try:
+            self._resume(cfg.state_path)
+        except BaseException:  # a refused state file must not leave the port, the consumer or the exporter open
+            self.close()
+            raise
         self.source.on_revoke = self._on_revoke
         self.source.restore(self.offsets)
         self.replay = None
@@ -112,6 +106,23 @@ class Service:
         # next offset after the last record processed, per partition (committed up to the oldest
         # sample a worker has not finished: ``Pipeline.pending_floor``)
         self.consumed: dict[tuple[str, int], int] = {}
+
+    def _resume(self, state_path: str | None) -> None:
+        """Load the checkpoint (detector states and offsets), if there is one."""
+        if not state_path:
+            return
+        self._reconcile_pending_state(state_path)
+        if not Path(state_path).exists():
+            return
+        st = json.loads(Path(state_path).read_text())
+        try:
+            self.pipeline.set_state(st["pipeline"])
+            self.offsets = {(t, int(p)): o for t, p, o in st["offsets"]}
+        except KeyError as e:  # detector states say their own version (StatefulDetector.set_state)
+            raise ValueError(f"state file {state_path} lacks {e} (written by an older sidecar); "
+                             f"{OLD_STATE_ADVICE}") from None
+        log.info("resumed from %s: %d samples, %d offsets", state_path, self.pipeline.counts["samples"],
+                 len(self.offsets))
 
     def request_stop(self, *_args) -> None:
         self.stopping.set()

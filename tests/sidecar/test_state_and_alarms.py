@@ -9,6 +9,7 @@ both then evolve identically, and drive ack / clear / re-baseline through a real
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 
@@ -220,5 +221,11 @@ def test_a_state_file_of_an_older_layout_stops_with_a_clear_error(tmp_path, clea
     st = json.loads(state.read_text())
     del st["pipeline"]["control"]  # a key a newer sidecar writes and an older one did not
     state.write_text(json.dumps(st))
+    with socket.socket() as probe:  # a free port for the refused service's HTTP server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     with pytest.raises(ValueError, match=r"lacks 'control'.*delete the state file \(state_path\)"):
-        Service(ServiceConfig.from_dict(conf), http_port=0)
+        Service(ServiceConfig.from_dict(conf), http_port=port)
+    with socket.socket() as again:  # the refusal closed what it had opened: the port is free again
+        again.bind(("127.0.0.1", port))
+        again.listen()
