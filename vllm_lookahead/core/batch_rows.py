@@ -99,11 +99,6 @@ class BatchRows:
         s = self.active.get(req_id)
         return self.dormant.get(req_id) if s is None else s
 
-    def pop(self, req_id: str) -> int | None:
-        """Take ``req_id``'s slot out of ``active``/``dormant`` (not released: the caller decides)."""
-        s = self.active.pop(req_id, None)
-        return self.dormant.pop(req_id, None) if s is None else s
-
     def by_source(self) -> dict[str, list[int]]:
         """Drafted and accepted tokens per source over the slots in use (active and dormant)."""
         used = list(self.active.values()) + list(self.dormant.values())

@@ -30,8 +30,9 @@ from .suffix_memory import SuffixMemory
 
 @dataclass(slots=True)
 class RowStep:
-    """One running request after a forward pass, as a record: the 2D layout's rows (vllm/proposer.py), and
-    the tests' way to write a batch for ``LookaheadDrafter.step`` (tests/core/reference_drafter.py)."""
+    """One running request after a forward pass, as a record: for callers that keep one record per request
+    (an opt-in layout package), and the tests' way to write a batch for ``LookaheadDrafter.step``
+    (tests/core/reference_drafter.py)."""
 
     req_id: str
     context: np.ndarray | list[int]  # committed tokens; at least num_tokens long
@@ -335,12 +336,6 @@ class LookaheadDrafter:
         if batch >= top:
             return hi
         return lo + (hi - lo) * max(0, batch - 1) / max(1, top - 1)
-
-    def forget(self, req_id: str) -> None:
-        self._batch_rows = None
-        slot = self.batch.pop(req_id)
-        if slot is not None:
-            self.batch.release(slot)
 
     def summary(self) -> dict[str, object]:
         by_source = self.batch.by_source()

@@ -242,9 +242,3 @@ class SuffixMemory:
         if not out:
             return [], [], 0
         return self._scratch[at : at + out].tolist(), self._probs[:out].tolist(), int(matched)
-
-    def forget(self, seg_id: Hashable) -> None:
-        """Drop one segment now (e.g. an aborted request whose output should not be reused)."""
-        if seg_id in self._segments:
-            self._segments.move_to_end(seg_id, last=False)
-            self._evict_oldest()

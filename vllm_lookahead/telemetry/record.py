@@ -90,9 +90,6 @@ class FinishedRequest:
         return max(0.0, (self.e2e_s - ttft) / (self.num_output_tokens - 1))
 
 
-DRAFT_MASK_CHARS = ".ARB"  # plain (a step without a draft), accepted draft, recovered (rejected), bonus
-
-
 def draft_mask(spec: Any, num_output_tokens: int | None) -> str | None:
     """One character per output token: how the step that committed it treated it.
 
