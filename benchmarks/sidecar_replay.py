@@ -63,7 +63,7 @@ ARMS = {
 CONFORMANCE_DETECTORS = ("sampling_conformance", "impossible_tokens", "repeated_samples")
 
 
-def _sample(row: dict, prompt: str, arm: str, method: str, i: int, args: argparse.Namespace) -> dict:
+def _sample(row: dict, prompt: str, arm: str, method: str, i: int, args: argparse.Namespace, text: str) -> dict:
     ids = row["output_ids"]
     return {
         "schema_version": "1.4", "request_id": f"{arm}-{i}", "trace_id": uuid.uuid4().hex,
@@ -74,7 +74,7 @@ def _sample(row: dict, prompt: str, arm: str, method: str, i: int, args: argpars
                      "n": 1, "min_tokens": 0},
         "prompt": {"text": prompt, "sha256": hashlib.sha256(prompt.encode()).hexdigest(), "redacted": False},
         "prompt_token_ids": row["prompt_ids"],
-        "output": {"text": "", "token_ids": ids, "num_tokens": len(ids), "finish_reason": row["finish_reason"]},
+        "output": {"text": text, "token_ids": ids, "num_tokens": len(ids), "finish_reason": row["finish_reason"]},
     }
 
 
@@ -89,7 +89,13 @@ def build_stream(base: list[dict], cand: list[dict], args: argparse.Namespace) -
 
 def samples_from_rows(rows: list[dict], arm: str, method: str, prompts: list[str], args: argparse.Namespace,
                       start: int) -> list[dict]:
-    return [_sample(r, prompts[r["prompt_index"]], arm, method, start + i, args) for i, r in enumerate(rows)]
+    """Samples as the producer writes them, the output text included (the behavioural classifiers read it)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.served_model)
+    texts = tok.batch_decode([r["output_ids"] for r in rows], skip_special_tokens=True)
+    return [_sample(r, prompts[r["prompt_index"]], arm, method, start + i, args, text)
+            for i, (r, text) in enumerate(zip(rows, texts))]
 
 
 def produce(spec: str, label: str, sink: str, args: argparse.Namespace) -> None:
