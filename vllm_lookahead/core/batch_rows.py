@@ -86,7 +86,7 @@ class BatchRows:
             self.release(slot)
 
     def segment_gone(self, req_id: object) -> None:
-        """The memory evicted (or forgot) ``req_id``'s output: its next output starts a new segment."""
+        """The memory evicted ``req_id``'s output: its next output starts a new segment."""
         s = self.slot_of(req_id)  # type: ignore[arg-type]
         if s is not None:
             self.seglen[s] = 0
